@@ -1,0 +1,359 @@
+"""Record streams: readers for stdin, files and shard directories; writers to stdout or shards.
+
+Inputs: ``-`` (stdin), ``*.jsonl`` or ``*.jsonl.zst`` files (zstd is detected by its magic bytes,
+not by the name), or a shard directory written by an opd tool (its ``manifest.json`` is required
+and every shard's sha256 and record count are checked before its records are read).
+
+Outputs: stdout (one record per line, flushed per batch so pipes overlap), optionally zstd
+(``--compress``); or ``--out DIR``: ``NAME-00000.jsonl.zst`` shards of ``--shard-size`` records,
+each written to ``*.tmp`` and renamed when its zstd frame is complete, then ``manifest.json``
+written last (also atomically). A directory without a manifest is, by definition, unfinished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import zstandard
+
+from . import __version__
+from .errors import RecordError, StreamError
+from .records import SCHEMA, Where, pack_tree, plain_tree, unpack_tree, validate
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+MANIFEST = "manifest.json"
+ENCODINGS = ("packed", "json")
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode(rec: dict, encoding: str = "packed") -> bytes:
+    """One record as one JSON line (with the trailing newline)."""
+    if encoding == "packed":
+        return orjson.dumps(pack_tree(rec)) + b"\n"
+    return orjson.dumps(plain_tree(rec)) + b"\n"
+
+
+def decode_line(line: bytes, where: Where | str) -> Any:
+    try:
+        return unpack_tree(orjson.loads(line))
+    except orjson.JSONDecodeError as exc:
+        raise RecordError(f"{where} is not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise RecordError(f"{where} has a malformed packed array ({exc})") from None
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _HashingReader(io.RawIOBase):
+    """Wraps a binary stream and hashes what passes through (for stdin's input hash)."""
+
+    def __init__(self, raw: IO[bytes]):
+        self._raw = raw
+        self.sha = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        data = self._raw.read1(len(buf)) if hasattr(self._raw, "read1") else self._raw.read(len(buf))
+        n = len(data)
+        buf[:n] = data
+        self.sha.update(data)
+        return n
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+    """Lines of a binary stream, transparently decompressing zstd (detected by magic bytes)."""
+    buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)
+    head = buffered.peek(4)[:4]
+    while len(head) < 4:  # a pipe may deliver the first bytes in pieces
+        more = buffered.peek(4)
+        if len(more) <= len(head):
+            break
+        head = more[:4]
+    if head == ZSTD_MAGIC:
+        reader = zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
+        buffered = io.BufferedReader(reader, buffer_size=1 << 16)
+    for line in buffered:
+        if line.strip():
+            yield line
+
+
+@dataclass
+class InputSource:
+    """One input as given on the command line, with the hash that goes into a manifest."""
+
+    spec: str
+    kind: str  # "stdin" | "file" | "dir" | "bundled"
+    sha256: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"input": self.spec, "kind": self.kind, "sha256": self.sha256}
+
+
+def _read_manifest(path: Path) -> dict:
+    mpath = path / MANIFEST
+    if not mpath.exists():
+        shards = sorted(p.name for p in path.iterdir() if ".jsonl" in p.name)
+        hint = f" ({len(shards)} shard file(s) present)" if shards else ""
+        raise StreamError(
+            f"{path} has no {MANIFEST}: the tool that wrote it did not finish{hint}; "
+            "re-run it (with --overwrite) or read the shard files directly"
+        )
+    try:
+        manifest = json.loads(mpath.read_text())
+        shards = manifest["shards"]
+    except (ValueError, KeyError) as exc:
+        raise StreamError(f"{mpath} is not a valid opd manifest ({exc})") from None
+    return manifest | {"shards": shards}
+
+
+def _verify_shard(directory: Path, shard: dict) -> Path:
+    spath = directory / shard["file"]
+    if not spath.exists():
+        raise StreamError(f"{directory}/{MANIFEST} lists {shard['file']}, which is missing")
+    digest = sha256_file(spath)
+    if digest != shard["sha256"]:
+        raise StreamError(
+            f"{spath}: sha256 {digest[:12]}... disagrees with {MANIFEST} ({shard['sha256'][:12]}...); "
+            "the shard was modified or corrupted after it was written"
+        )
+    return spath
+
+
+def iter_dir(directory: Path, check: bool = True) -> Iterator[tuple[Any, Where]]:
+    manifest = _read_manifest(directory)
+    for shard in manifest["shards"]:
+        spath = _verify_shard(directory, shard)
+        count = 0
+        with open(spath, "rb") as f:
+            for count, (rec, where) in enumerate(_iter_stream(f, spath.name, check), start=1):
+                yield rec, where
+        if count != shard["records"]:
+            raise StreamError(f"{spath}: has {count} records but {MANIFEST} says {shard['records']}")
+
+
+def _iter_stream(stream: IO[bytes], name: str, check: bool) -> Iterator[tuple[Any, Where]]:
+    for number, line in enumerate(_lines(stream), start=1):
+        where = Where(name, number)
+        rec = decode_line(line, where)
+        yield (validate(rec, where) if check else rec), where
+
+
+def resolve_input(spec: str) -> InputSource:
+    if spec == "-":
+        return InputSource(spec, "stdin")
+    path = Path(spec)
+    if path.is_dir():
+        manifest_hash = sha256_file(path / MANIFEST) if (path / MANIFEST).exists() else None
+        return InputSource(spec, "dir", manifest_hash)
+    if path.is_file():
+        return InputSource(spec, "file", None)  # hashed while read
+    raise StreamError(f"input {spec!r} does not exist (expected '-', a .jsonl/.jsonl.zst file or a shard directory)")
+
+
+def iter_inputs(specs: Iterable[str], check: bool = True, sources: list[InputSource] | None = None
+                ) -> Iterator[tuple[Any, Where]]:
+    """Yield (record, where) from every input in order; no specs means stdin.
+
+    With check=True records are validated against the schema (opd records); with check=False
+    they are only parsed (prompt rows, foreign JSONL). `sources` (if given) collects one
+    InputSource per input, whose sha256 is filled in once that input is fully read.
+    """
+    for spec in list(specs) or ["-"]:
+        src = resolve_input(spec)
+        if sources is not None:
+            sources.append(src)
+        if src.kind == "dir":
+            yield from iter_dir(Path(spec), check)
+        elif src.kind == "stdin":
+            hashing = _HashingReader(sys.stdin.buffer)
+            yield from _iter_stream(hashing, "<stdin>", check)
+            src.sha256 = hashing.sha.hexdigest()
+        else:
+            with open(spec, "rb") as raw:
+                hashing = _HashingReader(raw)
+                yield from _iter_stream(hashing, Path(spec).name, check)
+                src.sha256 = hashing.sha.hexdigest()
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class StreamWriter:
+    """Records to a binary stream (stdout by default), optionally zstd-compressed, flushed often."""
+
+    def __init__(self, stream: IO[bytes] | None = None, encoding: str = "packed", compress: bool = False):
+        self._stream = stream if stream is not None else sys.stdout.buffer
+        self._encoding = encoding
+        self._zstd = zstandard.ZstdCompressor(level=3).stream_writer(self._stream, closefd=False) if compress else None
+        self.count = 0
+
+    def write(self, rec: dict) -> None:
+        data = encode(rec, self._encoding)
+        (self._zstd or self._stream).write(data)
+        self.count += 1
+
+    def flush(self) -> None:
+        if self._zstd is not None:
+            self._zstd.flush(zstandard.FLUSH_BLOCK)
+        self._stream.flush()
+
+    def close(self, ok: bool = True) -> None:
+        if self._zstd is not None:
+            self._zstd.flush(zstandard.FLUSH_FRAME)
+        try:
+            self._stream.flush()
+        except BrokenPipeError:  # the reader went away (e.g. `| head`); nothing more to do
+            pass
+
+    def __enter__(self) -> "StreamWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(ok=exc_type is None)
+
+
+@dataclass
+class ManifestInfo:
+    """What a tool states about its output: itself, its resolved config, its inputs."""
+
+    tool: str
+    config: dict[str, Any] = field(default_factory=dict)
+    inputs: list[InputSource] = field(default_factory=list)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Create --out DIR; refuse to mix with an earlier output unless overwrite is set."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise StreamError(f"--out {out_dir} exists and is not a directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    old = [p for p in out_dir.iterdir() if p.name == MANIFEST or ".jsonl" in p.name]
+    if old and not overwrite:
+        state = "a finished output" if (out_dir / MANIFEST).exists() else "an unfinished output (no manifest)"
+        raise StreamError(f"--out {out_dir} already holds {state}; pass --overwrite or choose another directory")
+    for p in old:
+        p.unlink()
+
+
+class ShardWriter:
+    """Records to NAME-00000.jsonl.zst shards in a directory; manifest.json written last."""
+
+    def __init__(self, out_dir: Path | str, info: ManifestInfo, name: str = "records",
+                 shard_size: int = 1000, encoding: str = "packed", overwrite: bool = False):
+        if shard_size < 1:
+            raise StreamError(f"--shard-size must be >= 1, got {shard_size}")
+        self.dir = Path(out_dir)
+        prepare_out_dir(self.dir, overwrite)
+        self.info, self.name, self.shard_size, self.encoding = info, name, shard_size, encoding
+        self.shards: list[dict[str, Any]] = []
+        self.count = 0
+        self._file: IO[bytes] | None = None
+        self._zstd = None
+        self._in_shard = 0
+        self._hash = None
+        self._started = time.time()
+
+    def _open(self) -> None:
+        final = self.dir / f"{self.name}-{len(self.shards):05d}.jsonl.zst"
+        self._final = final
+        self._file = open(final.with_name(final.name + ".tmp"), "wb")
+        self._zstd = zstandard.ZstdCompressor(level=3).stream_writer(self._file, closefd=False)
+        self._in_shard = 0
+
+    def _close_shard(self) -> None:
+        assert self._file is not None and self._zstd is not None
+        self._zstd.flush(zstandard.FLUSH_FRAME)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        tmp = self._final.with_name(self._final.name + ".tmp")
+        digest = sha256_file(tmp)
+        os.replace(tmp, self._final)
+        self.shards.append({"file": self._final.name, "records": self._in_shard, "sha256": digest,
+                            "bytes": self._final.stat().st_size})
+        self._file = self._zstd = None
+
+    def write(self, rec: dict) -> None:
+        if self._file is None:
+            self._open()
+        self._zstd.write(encode(rec, self.encoding))
+        self._in_shard += 1
+        self.count += 1
+        if self._in_shard >= self.shard_size:
+            self._close_shard()
+
+    def flush(self) -> None:
+        pass  # shards become visible only when complete
+
+    def close(self, ok: bool = True) -> None:
+        """Finish the last shard and write the manifest; after a failure, write no manifest."""
+        if not ok:
+            if self._file is not None:
+                self._file.close()  # the .tmp stays: evidence, never mistaken for a shard
+            return
+        if self._file is not None:
+            self._close_shard()
+        manifest = {
+            "schema": SCHEMA,
+            "tool": self.info.tool,
+            "version": __version__,
+            "config": self.info.config,
+            "inputs": [s.describe() for s in self.info.inputs],
+            "encoding": self.encoding,
+            "records": self.count,
+            "shards": self.shards,
+            "started_at": _iso(self._started),
+            "finished_at": _iso(time.time()),
+        }
+        atomic_write_bytes(self.dir / MANIFEST, json.dumps(manifest, indent=2, default=str).encode() + b"\n")
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(ok=exc_type is None)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def open_writer(out: str | None, info: ManifestInfo, *, name: str = "records", shard_size: int = 1000,
+                encoding: str = "packed", compress: bool = False, overwrite: bool = False):
+    """stdout when out is None or '-', else a ShardWriter into the directory `out`."""
+    if encoding not in ENCODINGS:
+        raise StreamError(f"--encoding must be one of {ENCODINGS}, got {encoding!r}")
+    if out in (None, "-"):
+        return StreamWriter(encoding=encoding, compress=compress)
+    return ShardWriter(out, info, name=name, shard_size=shard_size, encoding=encoding, overwrite=overwrite)

