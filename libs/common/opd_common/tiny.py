@@ -109,7 +109,7 @@ def build_model(tokenizer, seed: int = 0, hidden_size: int = 64, layers: int = 2
         bos_token_id=None, eos_token_id=eos_id, pad_token_id=tokenizer.pad_token_id,
         initializer_range=0.02, rope_theta=10000.0,
     )
-    config.torch_dtype = "float32"
+    config.dtype = "float32"
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(config).to(torch.float32)
     gen = torch.Generator().manual_seed(seed)
