@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections import Counter
 from typing import Any
@@ -157,9 +158,10 @@ def main(inputs, fields, head, decode, tokenizer, summary, no_check):
     decoder = Decoder(tokenizer) if decode else None
     acc = Summary() if summary else None
     writer = StreamWriter(encoding="json" if decode else "packed")
-    for number, (rec, _where) in enumerate(iter_inputs(inputs, check=not no_check)):
-        if head is not None and number >= head:
-            break
+    records = iter_inputs(inputs, check=not no_check)
+    if head is not None:  # stop reading at once: a later record is never read (or waited for)
+        records = itertools.islice(records, head)
+    for number, (rec, _where) in enumerate(records):
         if acc is not None:
             acc.add(rec)
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .errors import ConfigError, require
@@ -49,7 +50,10 @@ def load_causal_lm(model: str, revision: str | None, dtype, device: str, adapter
     """AutoModelForCausalLM in eval mode on `device`, with a peft LoRA adapter applied if given."""
     require("transformers", "hf")
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    if not sys.stderr.isatty():  # no "Loading weights" bar in logs and pipes (STYLE.md: progress)
+        hf_logging.disable_progress_bar()
     check_model_ref(model)
     try:
         lm = AutoModelForCausalLM.from_pretrained(model, revision=revision, dtype=dtype)
@@ -76,3 +80,52 @@ def render_chat(tokenizer, user_message: str, thinking: bool) -> list[int]:
         enable_thinking=thinking,
     )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+GQA_ATTENTION = "opd_gqa_sdpa"
+
+
+def gqa_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """SDPA for grouped-query attention with an explicit mask, without copying K/V per head.
+
+    transformers' sdpa path repeats K/V to every query head when a mask is given (a full copy of
+    the KV cache per layer and step: most of a decode step's time at batch 128). Here the g query
+    heads that share a KV head are folded into the query-length axis instead, which is exact:
+    query head h uses KV head h // g (as repeat_kv does). Shapes: query [B, H, Q, D], key/value
+    [B, Hkv, L, D], mask [B, 1, Q, L] (bool, True = visible) -> output [B, Q, H, D].
+    """
+    import torch.nn.functional as F
+
+    B, H, Q, D = query.shape
+    groups = H // key.shape[1]
+    q = query.reshape(B, key.shape[1], groups * Q, D)
+    mask = attention_mask
+    if mask is not None and groups > 1:
+        mask = mask.repeat(1, 1, groups, 1)
+    if mask is not None and groups * Q <= 16:
+        out = _decode_attention(q, key, value, mask, scaling if scaling is not None else D ** -0.5)
+    else:
+        is_causal = mask is None and Q > 1
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling, is_causal=is_causal)
+    return out.reshape(B, H, Q, D).transpose(1, 2).contiguous(), None
+
+
+def _decode_attention(q, key, value, mask, scale: float):
+    """Attention for a few query rows as two batched matmuls (bandwidth-bound: K and V read once).
+
+    Fused SDPA kernels are tuned for long queries; at decode (a handful of rows per KV head)
+    this plain form reads the cache once and was 3x faster on an H200 (benchmarks/bench_hf_gpu.py).
+    """
+    import torch
+
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1).to(value.dtype), value)
+
+
+def use_gqa_attention(model) -> None:
+    """Switch a loaded transformers model to gqa_sdpa_attention (registered once)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(GQA_ATTENTION, gqa_sdpa_attention)
+    model.set_attn_implementation(GQA_ATTENTION)

@@ -55,7 +55,7 @@ Encoding of per-token arrays
 ----------------------------
 In memory, per-token arrays are numpy arrays (int32 ids, float32 log-probs). On disk and in
 pipes they are written *packed* by default: ``{"nd": "float32", "shape": [T, k], "b64": "..."}``
-where ``b64`` is the base64 of the little-endian C-order bytes. This is ~4x faster to read than
+where ``b64`` is the base64 of the little-endian C-order bytes. This is ~2.5x faster to read than
 plain JSON lists (benchmarks/bench_io.py; the decision and figures are in docs/records.md).
 ``--encoding json`` writes plain JSON lists instead, and ``opd-cat --decode`` turns any record
 into plain numbers. Readers accept both forms anywhere in a record.
@@ -185,10 +185,12 @@ def _as_array(rec: dict, key: str, dtype: type, rank: int, where: Where | str, p
     value = rec[key]
     name = f"{prefix}{key}"
     try:
-        arr = np.asarray(value, dtype=dtype) if not isinstance(value, np.ndarray) else value
+        arr = np.asarray(value, dtype=dtype)  # no copy when it already has the schema's dtype
     except (TypeError, ValueError) as exc:
         raise RecordError(f"{where}: field '{name}' is not a numeric array ({exc})") from None
-    if arr.ndim != rank and not (arr.size == 0 and rank == 2):
+    if rank == 2 and arr.ndim == 1 and arr.size == 0:
+        arr = arr.reshape(0, 0)  # an empty response's [T][k] array written as plain JSON: []
+    if arr.ndim != rank:
         raise RecordError(f"{where}: field '{name}' must have {rank} dimension(s), got shape {list(arr.shape)}")
     rec[key] = arr
 

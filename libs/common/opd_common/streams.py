@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import sys
@@ -83,21 +84,50 @@ class _HashingReader(io.RawIOBase):
         return n
 
 
-def _lines(stream: IO[bytes]) -> Iterator[bytes]:
-    """Lines of a binary stream, transparently decompressing zstd (detected by magic bytes)."""
+def _chunks(stream: IO[bytes], size: int = 1 << 16) -> Iterator[bytes]:
+    """Chunks of a binary stream as they arrive (read1: never waits for a full buffer)."""
     buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)
-    head = buffered.peek(4)[:4]
-    while len(head) < 4:  # a pipe may deliver the first bytes in pieces
-        more = buffered.peek(4)
-        if len(more) <= len(head):
+    while chunk := buffered.read1(size):
+        yield chunk
+
+
+def _unzstd(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Decompress zstd frames chunk by chunk, yielding whatever output each chunk completes."""
+    dobj = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True)
+    for chunk in chunks:
+        if out := dobj.decompress(chunk):
+            yield out
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+    """Lines of a binary stream, transparently decompressing zstd (detected by magic bytes).
+
+    Works chunk by chunk, so a line is yielded as soon as its bytes (or, for zstd, its flushed
+    block) arrive: a pipe overlaps with its producer. A pipe may deliver the first bytes in
+    pieces, so the magic bytes are looked for only once 4 bytes (or end of input) are in.
+    """
+    chunks = _chunks(stream)
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= 4:
             break
-        head = more[:4]
-    if head == ZSTD_MAGIC:
-        reader = zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
-        buffered = io.BufferedReader(reader, buffer_size=1 << 16)
-    for line in buffered:
-        if line.strip():
-            yield line
+    data = itertools.chain([head], chunks)
+    if head[:4] == ZSTD_MAGIC:
+        data = _unzstd(data)
+    parts: list[bytes] = []
+    for chunk in data:
+        *complete, rest = chunk.split(b"\n")
+        if complete:
+            complete[0] = b"".join([*parts, complete[0]])
+            parts = []
+            for line in complete:
+                if line.strip():
+                    yield line
+        parts.append(rest)
+    last = b"".join(parts)
+    if last.strip():
+        yield last
 
 
 @dataclass
@@ -169,7 +199,7 @@ def resolve_input(spec: str) -> InputSource:
         manifest_hash = sha256_file(path / MANIFEST) if (path / MANIFEST).exists() else None
         return InputSource(spec, "dir", manifest_hash)
     if path.is_file():
-        return InputSource(spec, "file", None)  # hashed while read
+        return InputSource(spec, "file", sha256_file(path))  # up front: a reader may stop early
     raise StreamError(f"input {spec!r} does not exist (expected '-', a .jsonl/.jsonl.zst file or a shard directory)")
 
 
@@ -179,7 +209,8 @@ def iter_inputs(specs: Iterable[str], check: bool = True, sources: list[InputSou
 
     With check=True records are validated against the schema (opd records); with check=False
     they are only parsed (prompt rows, foreign JSONL). `sources` (if given) collects one
-    InputSource per input, whose sha256 is filled in once that input is fully read.
+    InputSource per input with its sha256: a file's bytes or a directory's manifest.json,
+    hashed when the input is opened; stdin's bytes, filled in once stdin is fully read.
     """
     for spec in list(specs) or ["-"]:
         src = resolve_input(spec)
@@ -193,9 +224,7 @@ def iter_inputs(specs: Iterable[str], check: bool = True, sources: list[InputSou
             src.sha256 = hashing.sha.hexdigest()
         else:
             with open(spec, "rb") as raw:
-                hashing = _HashingReader(raw)
-                yield from _iter_stream(hashing, Path(spec).name, check)
-                src.sha256 = hashing.sha.hexdigest()
+                yield from _iter_stream(raw, Path(spec).name, check)
 
 
 # --------------------------------------------------------------------------- writing

@@ -140,3 +140,22 @@ def build_tiny(out_dir: str | Path, seed: int = 0, **model_kwargs) -> Path:
     tokenizer.save_pretrained(out)
     (out / "opd_tiny.json").write_text(json.dumps({"seed": seed, **model_kwargs}, indent=2) + "\n")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m opd_common.tiny OUT_DIR [--seed N]: build a tiny model folder."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m opd_common.tiny", description=main.__doc__)
+    parser.add_argument("out_dir")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = build_tiny(args.out_dir, seed=args.seed)
+    import sys
+
+    print(f"tiny model written to {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -38,6 +38,8 @@ class RolloutConfig:
                      choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("auto", "hf: torch device (auto = cuda when available).")
     batch_size: int = opt(64, "hf: samples decoded together in one batch.")
+    cuda_graph: bool | None = opt(None, "hf: replay the decode step as a CUDA graph [default: on for CUDA].")
+    compile: bool = opt(False, "hf: torch.compile the decode forward (slow first batch, faster decoding).")
     batch_prompts: int = opt(256, "Prompts gathered per engine call (fewer when input trickles in).")
     out: str | None = opt(None, "Write shards + manifest.json to this directory instead of stdout.")
     shard_size: int = opt(1000, "Records per shard with --out.")

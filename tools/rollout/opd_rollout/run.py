@@ -97,6 +97,7 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
 
     rows = iter_prompt_rows(resolve_prompt_specs(inputs), config.id_field, sources, config.limit)
     tokenizer = load_tokenizer(config.model, config.revision)
+    owns_engine = engine is None
     engine = engine or make_engine(config)
     config.engine_name = engine.name
     thinking = config.thinking == "on"
@@ -121,7 +122,8 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
     seconds = time.perf_counter() - t0
     log.info("%d samples, %d response tokens in %.1f s (%.0f tok/s, engine %s)",
              samples, tokens, seconds, tokens / max(seconds, 1e-9), engine.name)
-    engine.close()
+    if owns_engine:
+        engine.close()
     return 0
 
 

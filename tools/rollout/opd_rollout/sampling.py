@@ -1,9 +1,9 @@
 """Per-sample seeds and batch-independent sampling (pure functions).
 
 Every sample gets its own seed, derived from ``--seed``, the prompt id and the sample index, so a
-sample never depends on which other prompts share its batch. The hf engine turns that seed into
-Gumbel noise with a counter-based hash of (seed, step, token id): the same seed, step and logits
-always pick the same token, on CPU or GPU, in any batch.
+sample never depends on which other prompts share its batch. The hf engine turns (seed, step) into
+one uniform number with a counter-based hash and samples by inverse CDF: the same seed, step
+and logits always pick the same token, on CPU or GPU, in any batch, with no RNG state.
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ def hash32(x):
     return x ^ (x >> 16)
 
 
-def gumbel_noise(seeds_B, step: int, token_hash_V):
-    """Gumbel(0, 1) noise [B, V] from per-row seeds, the decode step and hashed token ids."""
+def uniform_per_row(seeds_B, step):
+    """One uniform in (0, 1) per row from (seed, step); `step` may be an int or a 1-element tensor."""
     import torch
 
-    key_B = hash32(seeds_B ^ hash32(torch.full_like(seeds_B, step + 0x9E3779B9)))
-    bits_BV = hash32(key_B[:, None] ^ token_hash_V[None, :])
-    uniform = ((bits_BV >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+    key_B = hash32(seeds_B ^ hash32(seeds_B * 0 + step + 0x9E3779B9))
+    return ((hash32(key_B ^ 0x5BD1E995) >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 
 
 def mask_logits(logits_BV, top_k: int, top_p: float):
@@ -55,9 +53,18 @@ def mask_logits(logits_BV, top_k: int, top_p: float):
     return logits_BV
 
 
-def sample_tokens(logits_BV, seeds_B, step: int, token_hash_V, temperature: float, top_k: int, top_p: float):
-    """Pick one token per row: greedy at temperature 0, else Gumbel-max of masked logits / T."""
+def sample_tokens(logits_BV, seeds_B, step, temperature: float, top_k: int, top_p: float):
+    """Pick one token per row: greedy at temperature 0, else inverse-CDF sampling of
+    softmax(masked logits / T) with the row's own uniform (uniform_per_row).
+
+    Batch-independent and deterministic: a row's token depends only on its logits, seed and step.
+    Zero-probability tokens (masked by top-k/top-p) are never chosen.
+    """
+    import torch
+
     if temperature <= 0:
         return logits_BV.argmax(dim=-1)
     scaled = mask_logits(logits_BV.float() / temperature, top_k, top_p)
-    return (scaled + gumbel_noise(seeds_B, step, token_hash_V)).argmax(dim=-1)
+    cdf_BV = torch.softmax(scaled, dim=-1).cumsum(dim=-1)
+    u_B1 = (uniform_per_row(seeds_B, step) * cdf_BV[:, -1])[:, None]
+    return torch.searchsorted(cdf_BV, u_B1, right=True)[:, 0].clamp(max=logits_BV.shape[-1] - 1)

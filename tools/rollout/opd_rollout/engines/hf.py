@@ -1,42 +1,79 @@
-"""The transformers engine: batched decoding with a KV cache and batch-independent sampling.
+"""The transformers engine: static-cache decoding, one capturable step, batch-independent sampling.
 
-Prompts are left-padded into batches of ``--batch-size`` samples (sorted by prompt length, so
-padding stays small). Each decode step takes the raw logits, records ``log_softmax`` of them
-(the record's ``logprobs``/``topk_logprobs``, temperature 1) and samples with per-sample Gumbel
-noise (``sampling.sample_tokens``), so a sample's tokens depend on its own seed only.
+A batch of samples is left-padded, prefilled into a ``StaticCache`` (eagerly), then decoded by
+one *step* function that does everything on the device with fixed shapes and no host sync:
+forward of the last token, ``log_softmax`` of the raw logits (the record's log-probs,
+temperature 1), optional top-k, sampling with per-sample counter-based randomness
+(``sampling.sample_tokens``), stop detection, and writes into history buffers. On CUDA that step
+is captured once per (batch, length) bucket as a CUDA graph and replayed (``--cuda-graph``);
+on CPU the same function runs eagerly. The host checks "all done?" only every 16 steps.
+
+The attention mask is our own 4-D boolean mask (transformers uses a 4-D mask as given): a key is
+visible when it is a real prompt token or an already generated one; every query also sees itself,
+so left-pad positions never form an all-masked row (which would put NaNs into the cache).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from opd_common.errors import ConfigError
-from opd_common.models import load_causal_lm, load_tokenizer, pick_device, pick_dtype
+from opd_common.models import load_causal_lm, load_tokenizer, pick_device, pick_dtype, use_gqa_attention
 
-from ..sampling import hash32, sample_tokens
+from ..sampling import sample_tokens
 from .base import Completion, SampleRequest
 
 log = logging.getLogger(__name__)
+LENGTH_BUCKET = 128
+CHECK_EVERY = 16
+
+
+@dataclass
+class _Buffers:
+    """Static device tensors one decode step reads and writes (their addresses never change)."""
+
+    cache: object
+    tok_B: object  # last sampled token
+    pos_B: object  # position id of tok_B
+    cache_pos_1: object  # cache slot of tok_B
+    step_1: object  # index of the token the step samples
+    seeds_B: object
+    visible_BL: object  # bool: key j is visible to the next query
+    done_B: object
+    lengths_B: object
+    tokens_BS: object
+    chosen_BS: object
+    top_ids_BSK: object | None
+    top_lps_BSK: object | None
+    graph: object = None
 
 
 class HfEngine:
     name = "hf"
 
-    def __init__(self, config):
+    def __init__(self, config, model=None, tokenizer=None):
         import torch
 
         self.config = config
         self.device = pick_device(config.device)
-        self.dtype = pick_dtype(config.dtype, self.device, config.model)
-        self.tokenizer = load_tokenizer(config.model, config.revision)
-        self.model = load_causal_lm(config.model, config.revision, self.dtype, self.device, config.adapter)
+        self.tokenizer = tokenizer or load_tokenizer(config.model, config.revision)
+        if model is None:
+            dtype = pick_dtype(config.dtype, self.device, config.model)
+            model = load_causal_lm(config.model, config.revision, dtype, self.device, config.adapter)
+        use_gqa_attention(model)
+        self.model = model
         self.stop_ids = self._stop_ids()
-        vocab = self.model.get_output_embeddings().weight.shape[0]
-        self.token_hash_V = hash32(torch.arange(vocab, dtype=torch.int64, device=self.device))
+        self.stop_S = torch.tensor(self.stop_ids, device=self.device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
+        graph = getattr(config, "cuda_graph", None)
+        self.use_graph = self.device.startswith("cuda") if graph is None else bool(graph)
+        self._buckets: dict[tuple[int, int], _Buffers] = {}
+        # the decode forward, optionally compiled (fuses the many small elementwise kernels)
+        self._decode_forward = torch.compile(model, dynamic=False) if getattr(config, "compile", False) else model
         self.tokens_generated = 0
         self.seconds = 0.0
 
@@ -44,13 +81,14 @@ class HfEngine:
         ids = set()
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
-        gen = getattr(self.model, "generation_config", None)
-        eos = getattr(gen, "eos_token_id", None)
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         if eos is not None:
             ids.update(int(e) for e in ([eos] if isinstance(eos, int) else eos))
         if not ids:
             raise ConfigError(f"--model {self.config.model}: the tokenizer defines no eos_token; cannot tell when to stop")
         return sorted(ids)
+
+    # ------------------------------------------------------------------ public
 
     def generate(self, requests: list[SampleRequest]) -> list[Completion]:
         order = sorted(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
@@ -62,82 +100,170 @@ class HfEngine:
                 results[i] = completion
         return results  # type: ignore[return-value]
 
-    def _prefill(self, requests: list[SampleRequest]):
+    def close(self) -> None:
+        self._buckets.clear()
+        self.model = None
+
+    # ------------------------------------------------------------------ buffers
+
+    def _buffers(self, B: int, L: int) -> _Buffers:
+        import torch
+        from transformers import StaticCache
+
+        key = (B, L)
+        if not self.use_graph:
+            self._buckets.clear()  # eager decoding: keep only the current batch's buffers
+        if key not in self._buckets:
+            S, k, dev = self.config.max_tokens, self.config.topk_logprobs, self.device
+            lp_dtype = torch.float32
+            self._buckets[key] = _Buffers(
+                cache=StaticCache(config=self.model.config, max_cache_len=L),
+                tok_B=torch.zeros(B, dtype=torch.long, device=dev),
+                pos_B=torch.zeros(B, dtype=torch.long, device=dev),
+                cache_pos_1=torch.zeros(1, dtype=torch.long, device=dev),
+                step_1=torch.zeros(1, dtype=torch.long, device=dev),
+                seeds_B=torch.zeros(B, dtype=torch.int64, device=dev),
+                visible_BL=torch.zeros(B, L, dtype=torch.bool, device=dev),
+                done_B=torch.zeros(B, dtype=torch.bool, device=dev),
+                lengths_B=torch.zeros(B, dtype=torch.long, device=dev),
+                tokens_BS=torch.zeros(B, S, dtype=torch.long, device=dev),
+                chosen_BS=torch.zeros(B, S, dtype=lp_dtype, device=dev),
+                top_ids_BSK=torch.zeros(B, S, k, dtype=torch.long, device=dev) if k else None,
+                top_lps_BSK=torch.zeros(B, S, k, dtype=lp_dtype, device=dev) if k else None,
+            )
+        return self._buckets[key]
+
+    # ------------------------------------------------------------------ the two phases
+
+    def _prefill(self, requests: list[SampleRequest], buf: _Buffers, B: int, L: int):
+        """Left-pad, run the prompt through the model into the static cache, return last logits."""
         import torch
 
-        width = max(len(r.prompt_ids) for r in requests)
-        ids_BP = torch.full((len(requests), width), self.pad_id, dtype=torch.long)
-        mask_BP = torch.zeros((len(requests), width), dtype=torch.long)
+        P = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((B, P), self.pad_id, dtype=torch.long)
+        valid = torch.zeros((B, P), dtype=torch.bool)
+        seeds = torch.zeros(B, dtype=torch.int64)
         for row, req in enumerate(requests):
             n = len(req.prompt_ids)
-            ids_BP[row, width - n:] = torch.tensor(req.prompt_ids, dtype=torch.long)
-            mask_BP[row, width - n:] = 1
-        return ids_BP.to(self.device), mask_BP.to(self.device)
+            ids[row, P - n:] = torch.tensor(req.prompt_ids, dtype=torch.long)
+            valid[row, P - n:] = True
+            seeds[row] = req.seed
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        buf.cache.reset()
+        buf.visible_BL.zero_()
+        buf.visible_BL[:, :P] = valid
+        causal_PP = torch.tril(torch.ones(P, P, dtype=torch.bool, device=self.device))
+        mask = (causal_PP[None] & valid[:, None, :]) | torch.eye(P, dtype=torch.bool, device=self.device)[None]
+        mask_B1PL = torch.zeros(B, 1, P, L, dtype=torch.bool, device=self.device)
+        mask_B1PL[:, 0, :, :P] = mask
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask_B1PL, position_ids=positions,
+                         cache_position=torch.arange(P, device=self.device), past_key_values=buf.cache,
+                         use_cache=True, logits_to_keep=1)
+        buf.seeds_B.copy_(seeds)
+        buf.pos_B.copy_(positions[:, -1])
+        buf.cache_pos_1.fill_(P - 1)
+        buf.step_1.zero_()
+        buf.done_B.zero_()
+        buf.lengths_B.zero_()
+        buf.tokens_BS.fill_(self.pad_id)
+        return out.logits[:, -1, :], P
+
+    def _sample_and_record(self, logits_BV, buf: _Buffers) -> None:
+        """Sample from raw logits, record log-probs, update done/lengths (device-only, fixed shapes)."""
+        import torch
+
+        cfg = self.config
+        logits_BV = logits_BV.float()
+        logprobs_BV = torch.log_softmax(logits_BV, dim=-1)
+        tok_B = sample_tokens(logits_BV, buf.seeds_B, buf.step_1, cfg.temperature, cfg.top_k, cfg.top_p)
+        tok_B = torch.where(buf.done_B, torch.full_like(tok_B, self.pad_id), tok_B)
+        col_B1 = buf.step_1.expand(tok_B.shape[0]).unsqueeze(1)
+        buf.tokens_BS.scatter_(1, col_B1, tok_B[:, None])
+        buf.chosen_BS.scatter_(1, col_B1, logprobs_BV.gather(-1, tok_B[:, None]))
+        if buf.top_ids_BSK is not None:
+            values, indices = torch.topk(logprobs_BV, cfg.topk_logprobs, dim=-1)
+            col_B1K = col_B1[:, :, None].expand(-1, 1, cfg.topk_logprobs)
+            buf.top_ids_BSK.scatter_(1, col_B1K, indices[:, None, :])
+            buf.top_lps_BSK.scatter_(1, col_B1K, values[:, None, :])
+        buf.lengths_B.add_((~buf.done_B).long())
+        buf.done_B.logical_or_(torch.isin(tok_B, self.stop_S))
+        buf.tok_B.copy_(tok_B)
+        buf.step_1.add_(1)
+
+    def _step(self, buf: _Buffers) -> None:
+        """One decode step: feed tok_B, then sample the next token. Capturable as a CUDA graph."""
+        buf.pos_B.add_(1)
+        buf.cache_pos_1.add_(1)
+        buf.visible_BL.index_fill_(1, buf.cache_pos_1, True)
+        out = self._decode_forward(input_ids=buf.tok_B[:, None], attention_mask=buf.visible_BL[:, None, None, :],
+                         position_ids=buf.pos_B[:, None], cache_position=buf.cache_pos_1,
+                         past_key_values=buf.cache, use_cache=True)
+        self._sample_and_record(out.logits[:, -1, :], buf)
+
+    def _capture(self, buf: _Buffers) -> None:
+        """Record _step as a CUDA graph (after warm-up on a side stream); eager on failure."""
+        import torch
+
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step(buf)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._step(buf)
+            buf.graph = graph
+        except Exception as exc:  # pragma: no cover - depends on the model's kernels
+            log.warning("CUDA graph capture failed (%s); decoding eagerly", str(exc).splitlines()[0])
+            self.use_graph = False
 
     def _generate_batch(self, requests: list[SampleRequest]) -> list[Completion]:
         import torch
-        from transformers import DynamicCache
 
-        cfg = self.config
         t0 = time.perf_counter()
-        ids_BP, mask_BL = self._prefill(requests)
-        B = len(requests)
-        seeds_B = torch.tensor([r.seed for r in requests], dtype=torch.int64, device=self.device)
-        stop_S = torch.tensor(self.stop_ids, device=self.device)
-        positions_BP = (mask_BL.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        done_B = torch.zeros(B, dtype=torch.bool, device=self.device)
-        lengths_B = torch.zeros(B, dtype=torch.long, device=self.device)
-        tokens, chosen, top_ids, top_lps = [], [], [], []
+        B = self.config.batch_size if self.use_graph else len(requests)
+        padded = list(requests) + [requests[-1]] * (B - len(requests))  # fixed batch for the graph
+        P = max(len(r.prompt_ids) for r in requests)
+        L = -(-(P + self.config.max_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
+        buf = self._buffers(B, L)
+        steps = self.config.max_tokens
         with torch.inference_mode():
-            out = self.model(input_ids=ids_BP, attention_mask=mask_BL, position_ids=positions_BP,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-            next_pos_B = positions_BP[:, -1] + 1
-            for step in range(cfg.max_tokens):
-                logits_BV = out.logits[:, -1, :].float()
-                logprobs_BV = torch.log_softmax(logits_BV, dim=-1)
-                tok_B = sample_tokens(logits_BV, seeds_B, step, self.token_hash_V, cfg.temperature, cfg.top_k, cfg.top_p)
-                tok_B = torch.where(done_B, torch.full_like(tok_B, self.pad_id), tok_B)
-                tokens.append(tok_B)
-                chosen.append(logprobs_BV.gather(-1, tok_B[:, None])[:, 0])
-                if cfg.topk_logprobs:
-                    values, indices = torch.topk(logprobs_BV, cfg.topk_logprobs, dim=-1)
-                    top_ids.append(indices)
-                    top_lps.append(values)
-                lengths_B += (~done_B).long()
-                done_B |= torch.isin(tok_B, stop_S)
-                if step + 1 == cfg.max_tokens or bool(done_B.all()):
+            if self.use_graph and buf.graph is None:
+                self._prefill(padded, buf, B, L)
+                self._capture(buf)
+            logits, _ = self._prefill(padded, buf, B, L)
+            self._sample_and_record(logits, buf)
+            for step in range(1, steps):
+                if buf.graph is not None:
+                    buf.graph.replay()
+                else:
+                    self._step(buf)
+                if (step + 1) % CHECK_EVERY == 0 and bool(buf.done_B.all()):
                     break
-                mask_BL = torch.cat([mask_BL, torch.ones((B, 1), dtype=mask_BL.dtype, device=self.device)], dim=1)
-                out = self.model(input_ids=tok_B[:, None], attention_mask=mask_BL, position_ids=next_pos_B[:, None],
-                                 past_key_values=cache, use_cache=True)
-                next_pos_B = next_pos_B + 1
-        completions = self._collect(tokens, chosen, top_ids, top_lps, lengths_B, done_B)
+        completions = self._collect(buf, len(requests))
         self.seconds += time.perf_counter() - t0
         return completions
 
-    def _collect(self, tokens, chosen, top_ids, top_lps, lengths_B, done_B) -> list[Completion]:
-        import torch
-
-        tokens_BS = torch.stack(tokens, dim=1).cpu().numpy().astype(np.int32)
-        chosen_BS = torch.stack(chosen, dim=1).float().cpu().numpy()
-        tids = torch.stack(top_ids, dim=1).cpu().numpy().astype(np.int32) if top_ids else None
-        tlps = torch.stack(top_lps, dim=1).float().cpu().numpy() if top_lps else None
-        lengths = lengths_B.cpu().tolist()
-        done = done_B.cpu().tolist()
+    def _collect(self, buf: _Buffers, n: int) -> list[Completion]:
+        tokens = buf.tokens_BS[:n].cpu().numpy().astype(np.int32)
+        chosen = buf.chosen_BS[:n].float().cpu().numpy()
+        tids = buf.top_ids_BSK[:n].cpu().numpy().astype(np.int32) if buf.top_ids_BSK is not None else None
+        tlps = buf.top_lps_BSK[:n].float().cpu().numpy() if buf.top_lps_BSK is not None else None
+        lengths = buf.lengths_B[:n].cpu().tolist()
+        done = buf.done_B[:n].cpu().tolist()
         out = []
-        for row, (n, stopped) in enumerate(zip(lengths, done, strict=True)):
-            ids = tokens_BS[row, :n].copy()
-            self.tokens_generated += n
+        for row, (length, stopped) in enumerate(zip(lengths, done, strict=True)):
+            ids = tokens[row, :length].copy()
+            self.tokens_generated += length
             out.append(Completion(
                 response_ids=ids,
-                logprobs=chosen_BS[row, :n].astype(np.float32),
+                logprobs=chosen[row, :length].astype(np.float32),
                 finish_reason="stop" if stopped else "length",
                 text=self.tokenizer.decode(ids.tolist(), skip_special_tokens=True),
-                topk_ids=None if tids is None else tids[row, :n].copy(),
-                topk_logprobs=None if tlps is None else tlps[row, :n].astype(np.float32),
+                topk_ids=None if tids is None else tids[row, :length].copy(),
+                topk_logprobs=None if tlps is None else tlps[row, :length].astype(np.float32),
             ))
         return out
-
-    def close(self) -> None:
-        self.model = None

