@@ -92,21 +92,22 @@ def gqa_sdpa_attention(module, query, key, value, attention_mask, scaling=None, 
     the KV cache per layer and step: most of a decode step's time at batch 128). Here the g query
     heads that share a KV head are folded into the query-length axis instead, which is exact:
     query head h uses KV head h // g (as repeat_kv does). Shapes: query [B, H, Q, D], key/value
-    [B, Hkv, L, D], mask [B, 1, Q, L] (bool, True = visible) -> output [B, Q, H, D].
+    [B, Hkv, L, D], mask [B, 1, Q, L] (bool, True = visible) or None (causal) -> output [B, Q, H, D].
     """
     import torch.nn.functional as F
 
     B, H, Q, D = query.shape
+    if attention_mask is None:  # plain causal (right-padded or unpadded batches): fused kernels
+        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, is_causal=Q > 1,
+                                             enable_gqa=H != key.shape[1])
+        return out.transpose(1, 2).contiguous(), None
     groups = H // key.shape[1]
     q = query.reshape(B, key.shape[1], groups * Q, D)
-    mask = attention_mask
-    if mask is not None and groups > 1:
-        mask = mask.repeat(1, 1, groups, 1)
-    if mask is not None and groups * Q <= 16:
+    mask = attention_mask.repeat(1, 1, groups, 1) if groups > 1 else attention_mask
+    if groups * Q <= 16:
         out = _decode_attention(q, key, value, mask, scaling if scaling is not None else D ** -0.5)
     else:
-        is_causal = mask is None and Q > 1
-        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(B, H, Q, D).transpose(1, 2).contiguous(), None
 
 

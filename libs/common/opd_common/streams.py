@@ -33,6 +33,8 @@ from .records import SCHEMA, Where, pack_tree, plain_tree, unpack_tree, validate
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MANIFEST = "manifest.json"
+PROGRESS = "progress.json"  # shards completed so far, while a resumable writer runs
+RESUME_IGNORED = ("resume", "overwrite", "quiet")
 ENCODINGS = ("packed", "json")
 
 
@@ -238,6 +240,7 @@ class StreamWriter:
         self._encoding = encoding
         self._zstd = zstandard.ZstdCompressor(level=3).stream_writer(self._stream, closefd=False) if compress else None
         self.count = 0
+        self.resumed = 0
 
     def write(self, rec: dict) -> None:
         data = encode(rec, self._encoding)
@@ -282,31 +285,46 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def prepare_out_dir(out_dir: Path, overwrite: bool) -> None:
+def prepare_out_dir(out_dir: Path, overwrite: bool, resumable: bool = False) -> None:
     """Create --out DIR; refuse to mix with an earlier output unless overwrite is set."""
     if out_dir.exists() and not out_dir.is_dir():
         raise StreamError(f"--out {out_dir} exists and is not a directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    old = [p for p in out_dir.iterdir() if p.name == MANIFEST or ".jsonl" in p.name]
+    old = [p for p in out_dir.iterdir() if p.name in (MANIFEST, PROGRESS) or ".jsonl" in p.name]
     if old and not overwrite:
-        state = "a finished output" if (out_dir / MANIFEST).exists() else "an unfinished output (no manifest)"
-        raise StreamError(f"--out {out_dir} already holds {state}; pass --overwrite or choose another directory")
+        if (out_dir / MANIFEST).exists():
+            state, fix = "a finished output", "pass --overwrite"
+        else:
+            state = "an unfinished output (no manifest)"
+            fix = "pass --resume to continue it, --overwrite to start again," if resumable else "pass --overwrite"
+        raise StreamError(f"--out {out_dir} already holds {state}; {fix} or choose another directory")
     for p in old:
         p.unlink()
+
+
+def _config_diff(old: dict, new: dict) -> list[str]:
+    keys = (set(old) | set(new)) - set(RESUME_IGNORED)
+    return sorted(k for k in keys if old.get(k) != new.get(k))
 
 
 class ShardWriter:
     """Records to NAME-00000.jsonl.zst shards in a directory; manifest.json written last."""
 
     def __init__(self, out_dir: Path | str, info: ManifestInfo, name: str = "records",
-                 shard_size: int = 1000, encoding: str = "packed", overwrite: bool = False):
+                 shard_size: int = 1000, encoding: str = "packed", overwrite: bool = False,
+                 resume: bool = False, resumable: bool = False):
         if shard_size < 1:
             raise StreamError(f"--shard-size must be >= 1, got {shard_size}")
         self.dir = Path(out_dir)
-        prepare_out_dir(self.dir, overwrite)
         self.info, self.name, self.shard_size, self.encoding = info, name, shard_size, encoding
+        self.resumable = resumable or resume
         self.shards: list[dict[str, Any]] = []
         self.count = 0
+        if resume and self.dir.is_dir():
+            self._recover()
+        else:
+            prepare_out_dir(self.dir, overwrite, self.resumable)
+        self.resumed = self.count  # records already written by an interrupted run (skip as many inputs)
         self._file: IO[bytes] | None = None
         self._zstd = None
         self._in_shard = 0
@@ -332,6 +350,29 @@ class ShardWriter:
         self.shards.append({"file": self._final.name, "records": self._in_shard, "sha256": digest,
                             "bytes": self._final.stat().st_size})
         self._file = self._zstd = None
+        if self.resumable:  # after the rename: a shard not listed here is redone on --resume
+            progress = {"config": self.info.config, "shards": self.shards}
+            atomic_write_bytes(self.dir / PROGRESS, json.dumps(progress, indent=2, default=str).encode())
+
+    def _recover(self) -> None:
+        """Continue an interrupted run: keep the shards progress.json lists, drop anything else."""
+        if (self.dir / MANIFEST).exists():
+            raise StreamError(f"--out {self.dir} is already complete ({MANIFEST}); nothing to resume")
+        progress = {"config": self.info.config, "shards": []}
+        if (self.dir / PROGRESS).exists():
+            progress = json.loads((self.dir / PROGRESS).read_text())
+        changed = _config_diff(progress["config"], json.loads(json.dumps(self.info.config, default=str)))
+        if changed:
+            raise StreamError(f"--resume: the options differ from the interrupted run's ({', '.join(changed)}); "
+                              "rerun with the same options, or --overwrite to start again")
+        for shard in progress["shards"]:
+            _verify_shard(self.dir, shard)
+        keep = {shard["file"] for shard in progress["shards"]}
+        for path in self.dir.iterdir():
+            if ".jsonl" in path.name and path.name not in keep:
+                path.unlink()
+        self.shards = list(progress["shards"])
+        self.count = sum(shard["records"] for shard in self.shards)
 
     def write(self, rec: dict) -> None:
         if self._file is None:
@@ -366,6 +407,7 @@ class ShardWriter:
             "finished_at": _iso(time.time()),
         }
         atomic_write_bytes(self.dir / MANIFEST, json.dumps(manifest, indent=2, default=str).encode() + b"\n")
+        (self.dir / PROGRESS).unlink(missing_ok=True)
 
     def __enter__(self) -> "ShardWriter":
         return self
@@ -379,10 +421,14 @@ def _iso(t: float) -> str:
 
 
 def open_writer(out: str | None, info: ManifestInfo, *, name: str = "records", shard_size: int = 1000,
-                encoding: str = "packed", compress: bool = False, overwrite: bool = False):
+                encoding: str = "packed", compress: bool = False, overwrite: bool = False,
+                resume: bool = False, resumable: bool = False):
     """stdout when out is None or '-', else a ShardWriter into the directory `out`."""
     if encoding not in ENCODINGS:
         raise StreamError(f"--encoding must be one of {ENCODINGS}, got {encoding!r}")
     if out in (None, "-"):
+        if resume:
+            raise StreamError("--resume needs --out DIR (a stream on stdout cannot be resumed)")
         return StreamWriter(encoding=encoding, compress=compress)
-    return ShardWriter(out, info, name=name, shard_size=shard_size, encoding=encoding, overwrite=overwrite)
+    return ShardWriter(out, info, name=name, shard_size=shard_size, encoding=encoding, overwrite=overwrite,
+                       resume=resume, resumable=resumable)

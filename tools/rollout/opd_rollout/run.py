@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
+from opd_common.batching import batches
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
 from opd_common.streams import InputSource
 
@@ -16,48 +14,6 @@ from .prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt
 from .sampling import derive_seed
 
 log = logging.getLogger("opd-rollout")
-_END = object()
-
-
-def batches(rows: Iterator[PromptRow], size: int, wait: float = 0.05) -> Iterator[list[PromptRow]]:
-    """Group rows into batches of up to `size`, but hand over what has arrived when input pauses.
-
-    A reader thread pulls rows; the consumer blocks for the first row of a batch and then takes
-    more only while they keep arriving within `wait` seconds. A file fills whole batches; a
-    trickling pipe gets its records out before its input ends.
-    """
-    q: queue.Queue = queue.Queue(maxsize=4 * size)
-
-    def reader() -> None:
-        try:
-            for row in rows:
-                q.put(row)
-            q.put(_END)
-        except BaseException as exc:  # handed to the consumer, raised there
-            q.put(exc)
-
-    threading.Thread(target=reader, daemon=True).start()
-    done = False
-    while not done:
-        item = q.get()
-        batch: list[PromptRow] = []
-        while True:
-            if item is _END:
-                done = True
-                break
-            if isinstance(item, BaseException):
-                if batch:
-                    yield batch
-                raise item
-            batch.append(item)
-            if len(batch) >= size:
-                break
-            try:
-                item = q.get(timeout=wait)
-            except queue.Empty:
-                break
-        if batch:
-            yield batch
 
 
 def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list[int], completion) -> dict[str, Any]:
