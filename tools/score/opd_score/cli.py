@@ -1,8 +1,69 @@
-"""opd-score: teacher log-probs, shift tensors and verifier rewards for rollout records (not built yet)."""
+"""opd-score: records -> records with teacher, shift and reward blocks (flags only; work in run.run)."""
 
-from opd_common.unbuilt import unbuilt_command
+from __future__ import annotations
 
-main = unbuilt_command("opd-score", "teacher log-probs, shift tensors and verifier rewards for rollout records", "issue 3")
+import sys
+
+import click
+
+from opd_common.cli_util import handle_errors, setup_logging
+from opd_common.config import build, click_options
+
+from .config import ScoreConfig
+
+
+@click.command(name="opd-score", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("inputs", nargs=-1)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of options; flags override it.")
+@click_options(ScoreConfig)
+@handle_errors
+def score(inputs, config_file, **flags):
+    """Add teacher log-probs, Direct-OPD shift tensors and verifier rewards to opd records.
+
+    \b
+      opd-rollout --model S -n 4 aime24 | opd-score --teacher t=T | opd-train ...
+      opd-score rollouts/ --teacher self=S --teacher-prompt opsd --out scored/
+      opd-score rollouts/ --shift post=POST,pre=PRE --shift-k 16 --reward math
+      opd-score templates          # list the teacher prompt templates
+
+    INPUTS: opd records from '-' (stdin, the default), .jsonl/.jsonl.zst files or shard
+    directories. Teachers score each record's response_ids verbatim; records come out in input
+    order on stdout (or --out DIR). Log-probs are full-vocabulary log_softmax at temperature 1.
+    """
+    from opd_common.config import resolved
+    from opd_common.streams import ManifestInfo, open_writer
+
+    from .run import run
+
+    config = build(ScoreConfig, config_file, flags)
+    setup_logging(config.quiet)
+    sources = []
+    info = ManifestInfo(tool="opd-score", config=resolved(config), inputs=sources)
+    writer = open_writer(config.out, info, name="scored", shard_size=config.shard_size, encoding=config.encoding,
+                         compress=config.compress, overwrite=config.overwrite, resume=config.resume, resumable=True)
+    with writer:
+        code = run(config, list(inputs), writer, sources=sources)
+    raise SystemExit(code)
+
+
+@click.command(name="opd-score templates")
+@handle_errors
+def templates():
+    """List the bundled teacher prompt templates (name, kind, fields, file)."""
+    from .templates import bundled, load
+
+    for name in bundled():
+        t = load(name)
+        click.echo(f"{name}\t{t.kind}\tfields: {', '.join(t.fields())}\t{t.path}")
+
+
+def main(argv: list[str] | None = None):
+    """`opd-score templates` lists templates; anything else scores records."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["templates"]:
+        return templates.main(args[1:], prog_name="opd-score templates")
+    return score.main(args, prog_name="opd-score")
+
 
 if __name__ == "__main__":
     main()

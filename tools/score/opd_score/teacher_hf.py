@@ -1,0 +1,141 @@
+"""Teacher scoring with transformers: exact full-vocabulary log-probs at any ids.
+
+One forward per batch of right-padded sequences (``context_ids + response_ids``); right padding
+needs no attention mask (causal attention never looks ahead to the pads), so fused SDPA kernels
+run. Only the hidden states that predict response tokens go through the LM head, in chunks of
+``logit_chunk`` positions: logits are upcast to fp32 one chunk at a time, ``logsumexp`` gives the
+full-vocabulary normalizer, and the requested log-probs are gathered. The fp32
+[positions x vocab] tensor of a whole batch never exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from opd_common.models import load_causal_lm, pick_device, pick_dtype, use_gqa_attention
+
+
+@dataclass
+class Sequence:
+    """What a teacher scores: its own context, the student's response, optional ids to score at."""
+
+    context_ids: np.ndarray  # int [P]
+    response_ids: np.ndarray  # int [T]
+    at_ids: np.ndarray | None = None  # int [T, k]: also return log-probs at these ids
+
+
+@dataclass
+class Scores:
+    logprobs: np.ndarray  # float32 [T]: log p(response_ids[t])
+    topk_ids: np.ndarray | None = None  # int32 [T, k]: the teacher's own top-k
+    topk_logprobs: np.ndarray | None = None
+    at_logprobs: np.ndarray | None = None  # float32 [T, k]: log p at Sequence.at_ids
+
+
+def token_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Split indices (pre-sorted by length) into batches with count x longest <= budget."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if current and max(longest, n) * (len(current) + 1) > budget:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+class HfTeacher:
+    def __init__(self, model: str, revision: str | None, adapter: str | None, config):
+        self.config = config
+        self.device = pick_device(config.device)
+        dtype = pick_dtype(config.dtype, self.device, model)
+        lm = load_causal_lm(model, revision, dtype, self.device, adapter)
+        if adapter:
+            lm = lm.merge_and_unload()  # a frozen teacher: fold the LoRA into the weights
+        use_gqa_attention(lm)
+        self.decoder = lm.get_decoder()
+        self.head = lm.get_output_embeddings()
+        self.lm = lm
+        self.pad_id = 0
+
+    def score(self, seqs: list[Sequence], topk: int = 0) -> list[Scores]:
+        """Score sequences (any order); batches by token budget, longest first within the list."""
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i].context_ids) + len(seqs[i].response_ids))
+        lengths = [len(seqs[i].context_ids) + len(seqs[i].response_ids) for i in order]
+        out: list[Scores | None] = [None] * len(seqs)
+        for batch in token_batches(lengths, self.config.token_budget):
+            idx = [order[j] for j in batch]
+            for i, scores in zip(idx, self._score_batch([seqs[i] for i in idx], topk), strict=True):
+                out[i] = scores
+        return out  # type: ignore[return-value]
+
+    def _score_batch(self, seqs: list[Sequence], topk: int) -> list[Scores]:
+        import torch
+
+        width = max(len(s.context_ids) + len(s.response_ids) for s in seqs)
+        ids_BL = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        rows, cols = [], []
+        for b, s in enumerate(seqs):
+            seq = np.concatenate([s.context_ids, s.response_ids]).astype(np.int64)
+            ids_BL[b, :len(seq)] = torch.from_numpy(seq)
+            P, T = len(s.context_ids), len(s.response_ids)
+            rows.append(np.full(T, b))
+            cols.append(np.arange(P - 1, P - 1 + T))  # the hidden state at P-1+t predicts token t
+        with torch.inference_mode():
+            hidden_BLH = self.decoder(input_ids=ids_BL.to(self.device)).last_hidden_state
+            rows_N = torch.from_numpy(np.concatenate(rows)).to(self.device)
+            cols_N = torch.from_numpy(np.concatenate(cols)).to(self.device)
+            hidden_NH = hidden_BLH[rows_N, cols_N]
+            targets_N = torch.from_numpy(np.concatenate([s.response_ids for s in seqs]).astype(np.int64)).to(self.device)
+            at_NK = None
+            if seqs[0].at_ids is not None:
+                at_NK = torch.from_numpy(np.concatenate([s.at_ids for s in seqs]).astype(np.int64)).to(self.device)
+            parts = self._head_logprobs(hidden_NH, targets_N, topk, at_NK)
+        return self._split(seqs, parts)
+
+    def _head_logprobs(self, hidden_NH, targets_N, topk: int, at_NK):
+        """Chunked LM head: fp32 log-probs at targets, own top-k and given ids, never [N x V] at once."""
+        import torch
+
+        chosen, top_ids, top_lps, at_lps = [], [], [], []
+        for start in range(0, hidden_NH.shape[0], self.config.logit_chunk):
+            sl = slice(start, start + self.config.logit_chunk)
+            logits_CV = self.head(hidden_NH[sl]).float()
+            lse_C1 = torch.logsumexp(logits_CV, dim=-1, keepdim=True)
+            chosen.append((logits_CV.gather(-1, targets_N[sl, None]) - lse_C1)[:, 0])
+            if topk:
+                values, indices = torch.topk(logits_CV, topk, dim=-1)
+                top_ids.append(indices)
+                top_lps.append(values - lse_C1)
+            if at_NK is not None:
+                at_lps.append(logits_CV.gather(-1, at_NK[sl]) - lse_C1)
+            del logits_CV
+
+        def cat(xs):
+            return torch.cat(xs).cpu().numpy() if xs else None
+
+        return cat(chosen), cat(top_ids), cat(top_lps), cat(at_lps)
+
+    @staticmethod
+    def _split(seqs: list[Sequence], parts) -> list[Scores]:
+        chosen, top_ids, top_lps, at_lps = parts
+        out, start = [], 0
+        for s in seqs:
+            end = start + len(s.response_ids)
+            out.append(Scores(
+                logprobs=chosen[start:end].astype(np.float32),
+                topk_ids=None if top_ids is None else top_ids[start:end].astype(np.int32),
+                topk_logprobs=None if top_lps is None else top_lps[start:end].astype(np.float32),
+                at_logprobs=None if at_lps is None else at_lps[start:end].astype(np.float32),
+            ))
+            start = end
+        return out
+
+    def close(self) -> None:
+        self.lm = self.decoder = self.head = None
