@@ -35,10 +35,12 @@ def check_same_vocab(student_name: str, student, teacher_flag: str, teacher) -> 
     if s_vocab == t_vocab:
         return
     s_by_id = {i: tok for tok, i in s_vocab.items()}
-    differ = sum(1 for tok, i in t_vocab.items() if s_by_id.get(i) != tok)
+    t_by_id = {i: tok for tok, i in t_vocab.items()}
+    # over both id sets: a teacher vocabulary that is a prefix of the student's differs only in ids it lacks
+    differ = sum(1 for i in s_by_id.keys() | t_by_id.keys() if s_by_id.get(i) != t_by_id.get(i))
     raise ConfigError(
-        f"{teacher_flag}: its tokenizer differs from the student's ({student_name}): {differ} of "
-        f"{len(t_vocab)} teacher ids map to other strings (vocab sizes {len(s_vocab)} vs {len(t_vocab)}); "
+        f"{teacher_flag}: its tokenizer differs from the student's ({student_name}): {differ} token ids "
+        f"map to other strings or exist in only one of them (vocab sizes {len(s_vocab)} vs {len(t_vocab)}); "
         "teachers must share the student's tokenizer because records carry token ids"
     )
 
