@@ -548,3 +548,40 @@ def test_reward_without_answer_names_the_record(rollouts, tmp_path):
     assert [r["id"] for r in parse(result.stdout_bytes)] == [recs[0]["id"]]  # the record before it came out
     assert result.stderr == ("Error: record 2 of no_answer.jsonl: example has no 'answer' field, "
                              "which --reward math grades against\n")
+
+
+# --------------------------------------------------------------------------- data parallel
+
+
+@pytest.mark.slow  # two spawned worker processes load torch and the teacher: ~15 s
+def test_data_parallel_gives_the_same_records_in_the_same_order(rollouts, tiny_teacher, tiny_model, tmp_path):
+    """--data-parallel 2: windows of one record alternate between two worker processes, yet the
+    output is the single-process output: same records, same order, same ids and rewards, and
+    log-probs equal to float tolerance (a worker gets half the CPU threads, so matmul sums may
+    round differently)."""
+    path, recs = rollouts
+    args = ["--teacher", f"t={tiny_teacher}", "--shift", f"post={tiny_teacher},pre={tiny_model}", "--shift-k", "4",
+            "--reward", "math", "--window", "1", "--token-budget", "1", path]
+    single = ok(score(*args)).stdout_bytes
+    parallel = ok(score(*args, "--data-parallel", "2")).stdout_bytes
+    one, two = parse(single), parse(parallel)
+    assert [r["id"] for r in two] == [r["id"] for r in recs]
+    for a, b in zip(one, two, strict=True):
+        assert max_diff(a["teachers"]["t"]["logprobs"], b["teachers"]["t"]["logprobs"]) <= TOL
+        assert np.array_equal(a["shift"]["ids"], b["shift"]["ids"])
+        assert max_diff(a["shift"]["delta"], b["shift"]["delta"]) <= TOL
+        assert a["reward"] == b["reward"]
+        for rec in (a, b):
+            del rec["teachers"], rec["shift"]
+        assert orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY) == orjson.dumps(b, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def test_data_parallel_worker_errors_reach_the_user(rollouts, tiny_teacher, tmp_path):
+    """A record error inside a worker is reported like a single-process one, naming the record."""
+    _, recs = rollouts
+    broken = [dict(r) for r in recs[:2]]
+    broken[1]["example"] = {k: v for k, v in broken[1]["example"].items() if k != "answer"}
+    path = write_records(tmp_path / "broken.jsonl", broken)
+    result = score("--reward", "math", "--window", "1", "--data-parallel", "2", path)
+    assert result.exit_code != 0
+    assert "record 2 of" in error_of(result) and "no 'answer' field" in error_of(result)

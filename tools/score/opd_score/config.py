@@ -50,9 +50,13 @@ class ScoreConfig:
     token_budget: int = opt(16384, "Padded tokens per teacher forward (batch size x longest sequence).")
     window: int = opt(256, "Records gathered, sorted by length and scored together.")
     logit_chunk: int = opt(2048, "Positions per log-softmax chunk (bounds the [positions x vocab] fp32 buffer).")
+    compile: bool = opt(False, "hf: torch.compile the teacher forward and LM-head chunks (slow first batches, "
+                        "then faster on GPU; widths are padded to multiples of 128 to bound recompiles).")
     dtype: str = opt("auto", "Teacher weights dtype (auto = bfloat16 on GPU, float32 on CPU).",
                      choices=("auto", "float32", "bfloat16", "float16"))
     device: str = opt("auto", "Torch device for hf teachers (auto = cuda when available).")
+    data_parallel: int = opt(1, "Worker processes, one per GPU (or a share of the CPU cores each); records keep "
+                                "their input order.")
     gpu_memory_utilization: float | None = opt(None, "vllm: memory fraction [default: 0.9 GPU, 0.2 CPU].")
     max_model_len: int | None = opt(None, "vllm: maximum sequence length.")
     out: str | None = opt(None, "Write shards + manifest.json to this directory instead of stdout.")
@@ -79,7 +83,7 @@ class ScoreConfig:
             raise ConfigError("nothing to score: give --teacher NAME=MODEL, --shift post=M,pre=M or --reward math")
         if self.topk and self.at_student_topk:
             raise ConfigError("--topk and --at-student-topk are exclusive (own top-k or the student's ids)")
-        for name in ("topk", "shift_k", "token_budget", "window", "logit_chunk", "shard_size", "grade_workers"):
+        for name in ("topk", "shift_k", "token_budget", "window", "logit_chunk", "shard_size", "grade_workers", "data_parallel"):
             value = getattr(self, name)
             if value < (0 if name == "topk" else 1):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= {0 if name == 'topk' else 1}, got {value}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -184,6 +185,19 @@ class Scorer:
                                    verifier=cfg.grader)
 
 
+def score_here(config, windows) -> Iterator[list]:
+    """Score windows in this process (teachers load on the first window)."""
+    scorer = Scorer(config)
+    try:
+        for window in windows:
+            if not scorer.opened:
+                scorer.open(window[0][0])
+            scorer.score(window)
+            yield window
+    finally:
+        scorer.close()
+
+
 def run(config, inputs: list[str], writer, sources: list[InputSource] | None = None) -> int:
     """Score every record of `inputs` and write it (with its new blocks) in input order."""
     from opd_common.cli_util import progress
@@ -192,23 +206,23 @@ def run(config, inputs: list[str], writer, sources: list[InputSource] | None = N
     if writer.resumed:
         log.info("resuming: skipping %d records already scored", writer.resumed)
         records = itertools.islice(records, writer.resumed, None)
-    scorer = Scorer(config)
+    windows = batches(records, config.window)
+    if config.data_parallel > 1:
+        from .parallel import score_in_workers
+
+        scored = score_in_workers(config, windows, config.data_parallel)
+    else:
+        scored = score_here(config, windows)
     t0, tokens, count = time.perf_counter(), 0, 0
-    try:
-        with progress(None, "record", config.quiet, "opd-score") as bar:
-            for window in batches(records, config.window):
-                if not scorer.opened:
-                    scorer.open(window[0][0])
-                scorer.score(window)
-                for rec, _ in window:
-                    writer.write(rec)
-                    tokens += len(rec["response_ids"])
-                writer.flush()
-                count += len(window)
-                bar.update(len(window))
-                bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
-    finally:
-        scorer.close()
+    with progress(None, "record", config.quiet, "opd-score") as bar:
+        for window in scored:
+            for rec, _ in window:
+                writer.write(rec)
+                tokens += len(rec["response_ids"])
+            writer.flush()
+            count += len(window)
+            bar.update(len(window))
+            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
     seconds = time.perf_counter() - t0
     log.info("%d records, %d response tokens in %.1f s (%.0f tok/s)", count, tokens, seconds, tokens / max(seconds, 1e-9))
     return 0

@@ -6,6 +6,11 @@ run. Only the hidden states that predict response tokens go through the LM head,
 ``logit_chunk`` positions: logits are upcast to fp32 one chunk at a time, ``logsumexp`` gives the
 full-vocabulary normalizer, and the requested log-probs are gathered. The fp32
 [positions x vocab] tensor of a whole batch never exists.
+
+With ``compile`` the decoder and the per-chunk head function go through ``torch.compile``
+(inductor fuses the RMSNorm, rotary, SiLU-gate and upcast/logsumexp kernels that dominate the
+non-matmul time); batch widths are padded to multiples of ``WIDTH_BUCKET`` and the positions to
+whole chunks so only a few shapes are ever compiled.
 """
 
 from __future__ import annotations
@@ -50,19 +55,56 @@ def token_batches(lengths: list[int], budget: int) -> list[list[int]]:
     return batches
 
 
+WIDTH_BUCKET = 128  # with compile: batch widths rounded up to this
+
+
+def _head_chunk(head, hidden_CH, targets_C, at_CK, topk: int):
+    """One chunk of the LM head: fp32 logits, their logsumexp, and the log-probs asked for."""
+    import torch
+
+    logits_CV = head(hidden_CH).float()
+    lse_C1 = torch.logsumexp(logits_CV, dim=-1, keepdim=True)
+    chosen_C = (logits_CV.gather(-1, targets_C[:, None]) - lse_C1)[:, 0]
+    top = at = None
+    if topk:
+        values, indices = torch.topk(logits_CV, topk, dim=-1)
+        top = (indices, values - lse_C1)
+    if at_CK is not None:
+        at = logits_CV.gather(-1, at_CK) - lse_C1
+    return chosen_C, top, at
+
+
 class HfTeacher:
     def __init__(self, model: str, revision: str | None, adapter: str | None, config):
-        self.config = config
-        self.device = pick_device(config.device)
-        dtype = pick_dtype(config.dtype, self.device, model)
-        lm = load_causal_lm(model, revision, dtype, self.device, adapter)
+        device = pick_device(config.device)
+        dtype = pick_dtype(config.dtype, device, model)
+        lm = load_causal_lm(model, revision, dtype, device, adapter)
         if adapter:
             lm = lm.merge_and_unload()  # a frozen teacher: fold the LoRA into the weights
+        self._setup(lm, config, device)
+
+    @classmethod
+    def from_lm(cls, lm, config, device: str) -> "HfTeacher":
+        """Wrap a model already in memory (benchmarks, in-process use)."""
+        self = cls.__new__(cls)
+        self._setup(lm, config, device)
+        return self
+
+    def _setup(self, lm, config, device: str) -> None:
+        self.config = config
+        self.device = device
         use_gqa_attention(lm)
         self.decoder = lm.get_decoder()
         self.head = lm.get_output_embeddings()
         self.lm = lm
         self.pad_id = 0
+        self.compiled = bool(getattr(config, "compile", False))
+        self._head_chunk = _head_chunk
+        if self.compiled:
+            import torch
+
+            self.decoder = torch.compile(self.decoder)
+            self._head_chunk = torch.compile(_head_chunk)
 
     def score(self, seqs: list[Sequence], topk: int = 0) -> list[Scores]:
         """Score sequences (any order); batches by token budget, longest first within the list."""
@@ -79,6 +121,8 @@ class HfTeacher:
         import torch
 
         width = max(len(s.context_ids) + len(s.response_ids) for s in seqs)
+        if self.compiled:
+            width = -(-width // WIDTH_BUCKET) * WIDTH_BUCKET
         ids_BL = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
         rows, cols = [], []
         for b, s in enumerate(seqs):
@@ -103,22 +147,27 @@ class HfTeacher:
         """Chunked LM head: fp32 log-probs at targets, own top-k and given ids, never [N x V] at once."""
         import torch
 
-        chosen, top_ids, top_lps, at_lps = [], [], [], []
-        for start in range(0, hidden_NH.shape[0], self.config.logit_chunk):
-            sl = slice(start, start + self.config.logit_chunk)
-            logits_CV = self.head(hidden_NH[sl]).float()
-            lse_C1 = torch.logsumexp(logits_CV, dim=-1, keepdim=True)
-            chosen.append((logits_CV.gather(-1, targets_N[sl, None]) - lse_C1)[:, 0])
-            if topk:
-                values, indices = torch.topk(logits_CV, topk, dim=-1)
-                top_ids.append(indices)
-                top_lps.append(values - lse_C1)
+        n, chunk = hidden_NH.shape[0], self.config.logit_chunk
+        if self.compiled and n % chunk:  # whole chunks only: one compiled shape
+            pad = chunk - n % chunk
+            hidden_NH = torch.cat([hidden_NH, hidden_NH.new_zeros(pad, hidden_NH.shape[1])])
+            targets_N = torch.cat([targets_N, targets_N.new_zeros(pad)])
             if at_NK is not None:
-                at_lps.append(logits_CV.gather(-1, at_NK[sl]) - lse_C1)
-            del logits_CV
+                at_NK = torch.cat([at_NK, at_NK.new_zeros(pad, at_NK.shape[1])])
+        chosen, top_ids, top_lps, at_lps = [], [], [], []
+        for start in range(0, hidden_NH.shape[0], chunk):
+            sl = slice(start, start + chunk)
+            c, top, at = self._head_chunk(self.head, hidden_NH[sl], targets_N[sl],
+                                          None if at_NK is None else at_NK[sl], topk)
+            chosen.append(c)
+            if top is not None:
+                top_ids.append(top[0])
+                top_lps.append(top[1])
+            if at is not None:
+                at_lps.append(at)
 
         def cat(xs):
-            return torch.cat(xs).cpu().numpy() if xs else None
+            return torch.cat(xs)[:n].cpu().numpy() if xs else None
 
         return cat(chosen), cat(top_ids), cat(top_lps), cat(at_lps)
 

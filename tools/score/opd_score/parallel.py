@@ -1,0 +1,114 @@
+"""Data-parallel scoring: one worker process per device, windows back in input order.
+
+The parent reads the stream and cuts it into windows exactly as a single process does; windows go
+to a shared task queue that N spawned workers (each with its own teachers on its own GPU, or a
+share of the CPU cores) drain. Results come back tagged with their window number and the parent
+yields them in order, so the output is the same records in the same order as one process, and
+``--out``/``--resume`` work unchanged (only the parent writes). At most 2 x N windows are in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections.abc import Iterator
+
+from opd_common.errors import ConfigError
+
+_STOP = None
+
+
+def worker_devices(config, n: int) -> list[dict]:
+    """Per worker: environment and torch device. GPUs: one each (CUDA_VISIBLE_DEVICES); CPU: threads."""
+    import torch
+
+    if config.device not in ("auto", "cuda") and not config.device.startswith("cuda"):
+        threads = max(1, (os.cpu_count() or 1) // n)
+        return [{"env": {"OMP_NUM_THREADS": str(threads)}, "device": config.device, "threads": threads}] * n
+    if not torch.cuda.is_available():
+        if config.device == "auto":
+            threads = max(1, (os.cpu_count() or 1) // n)
+            return [{"env": {"OMP_NUM_THREADS": str(threads)}, "device": "cpu", "threads": threads}] * n
+        raise ConfigError(f"--device {config.device}: CUDA is not available here")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [d for d in visible.split(",") if d] if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if n > len(ids):
+        raise ConfigError(f"--data-parallel {n}: only {len(ids)} GPU(s) visible ({','.join(ids)}); "
+                          f"use --data-parallel {len(ids)} or make more GPUs visible")
+    return [{"env": {"CUDA_VISIBLE_DEVICES": ids[r]}, "device": "cuda", "threads": None} for r in range(n)]
+
+
+def _worker(rank: int, config, setup: dict, tasks, results) -> None:
+    os.environ.update(setup["env"])
+    try:
+        import torch
+
+        if setup["threads"]:
+            torch.set_num_threads(setup["threads"])
+        from .run import Scorer
+
+        config.device = setup["device"]
+        scorer = Scorer(config)
+        try:
+            while (task := tasks.get()) is not _STOP:
+                number, window = task
+                if not scorer.opened:
+                    scorer.open(window[0][0])
+                scorer.score(window)
+                results.put((number, rank, window))
+        finally:
+            scorer.close()
+    except BaseException as exc:  # the parent re-raises it
+        try:
+            results.put((None, rank, exc))
+        except Exception:
+            results.put((None, rank, RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
+    """Yield scored windows in input order, scored by `n` worker processes."""
+    import multiprocessing as mp
+
+    setups = worker_devices(config, n)
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, config, setups[r], tasks, results), daemon=False,
+                         name=f"opd-score-worker-{r}") for r in range(n)]
+    for p in procs:
+        p.start()
+    done: dict[int, list] = {}
+    submitted = emitted = 0
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and submitted - emitted < 2 * n:
+                window = next(windows, None)
+                if window is None:
+                    exhausted = True
+                    break
+                tasks.put((submitted, window))
+                submitted += 1
+            if exhausted and emitted == submitted:
+                break
+            try:
+                number, rank, payload = results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p for p in procs if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"scoring worker {dead[0].name} died (exit code {dead[0].exitcode}); "
+                                       "see its messages above") from None
+                continue
+            if isinstance(payload, BaseException):
+                raise payload
+            done[number] = payload
+            while emitted in done:
+                yield done.pop(emitted)
+                emitted += 1
+        for _ in procs:
+            tasks.put(_STOP)
+        for p in procs:
+            p.join(timeout=60)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
