@@ -1,0 +1,113 @@
+"""opd-train's step on a Qwen3-1.7B-shaped model (random weights): tokens/s, MFU, peak memory.
+
+The trainer's own code (`opd_train.run.Trainer.train_step` with `opd_train.model.Student`): LoRA r64
+(alpha 128) on all seven projections, records of --prompt-len + 1024 response tokens with top-16
+teacher ids and log-probs, `--loss fkl` (top-16 with the tail bucket, clip 0.05), AdamW, one
+optimizer step per --records records, at several --micro-batch-tokens sizes, eager and compiled.
+
+tokens/s counts response tokens. MFU = 4 x parameters x tokens/s / 989e12: 2N for the forward and
+2N for the backward of a frozen base (activation gradients only; LoRA's own FLOPs and the prompt
+tokens are not counted). With --gradient-checkpointing the recomputed forward (another 2N) is
+not counted either, so that row's MFU is what the user gets, not what the GPU does.
+
+    python benchmarks/bench_train_gpu.py --json docs/figures/train_gpu.json
+    python benchmarks/bench_train_gpu.py --tiny       # CPU smoke run of the same code
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+H200_BF16_FLOPS = 989e12
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=32, help="records per optimizer step")
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--response-len", type=int, default=1024)
+    parser.add_argument("--micro", default="4,8,16", help="micro-batch sizes in records")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
+    parser.add_argument("--variants", default="eager,compile,compile+ckpt")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    import numpy as np
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    sys.path.insert(0, "benchmarks")
+    from bench_score_gpu import model_config
+    from opd_train.config import TrainConfig
+    from opd_train.data import Example
+    from opd_train.run import Trainer
+
+    device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if args.tiny:
+        args.records, args.prompt_len, args.response_len, args.micro, args.steps = 4, 8, 32, "2,4", 1
+        args.variants = "eager"
+    config = model_config(args.tiny)
+    V = config.vocab_size
+    rng = np.random.default_rng(0)
+
+    def example(i: int) -> Example:
+        logits = rng.standard_normal((args.response_len, 16)).astype(np.float32)
+        logp = logits - np.log(np.exp(logits).sum(1, keepdims=True)) - 0.5  # 16 ids holding ~60% of the mass
+        return Example(id=str(i), prompt_id=str(i), prompt_ids=rng.integers(0, V, args.prompt_len),
+                       response_ids=rng.integers(0, V, args.response_len),
+                       tokens={"ids": rng.integers(0, V, (args.response_len, 16)), "teacher_logp": logp.astype(np.float32)})
+
+    examples = [example(i) for i in range(args.records)]
+    tokens = args.records * args.response_len
+    figures = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
+               "records_per_step": args.records, "prompt_len": args.prompt_len, "response_len": args.response_len,
+               "lora_r": 64, "loss": "fkl top-16 + tail, clip 0.05", "runs": []}
+    for variant in args.variants.split(","):
+        for micro in [int(m) for m in args.micro.split(",")]:
+            torch.manual_seed(0)
+            with torch.device(device):
+                lm = Qwen3ForCausalLM(config).to(dtype)
+            params = sum(p.numel() for p in lm.parameters())
+            cfg = TrainConfig(model="(random)", out="(none)", loss="fkl", max_steps=10**6, batch_size=args.records,
+                              micro_batch_tokens=micro * (args.prompt_len + args.response_len), logit_chunk=4096,
+                              lora_r=64, lora_alpha=128, lr=1e-5, compile="compile" in variant,
+                              gradient_checkpointing="ckpt" in variant)
+            trainer = Trainer.__new__(Trainer)
+            trainer.setup(cfg, None, device=device, lm=lm)
+            row = {"variant": variant, "micro_batch_records": micro, "parameters": params}
+            try:
+                trainer.train_step(examples)  # warm-up (and compilation)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    m = trainer.train_step(examples)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                seconds = (time.perf_counter() - t0) / args.steps
+                tps = tokens / seconds
+                row.update(step_seconds=round(seconds, 3), response_tokens_per_s=round(tps),
+                           mfu=round(4 * params * tps / H200_BF16_FLOPS, 4), loss=m["loss"],
+                           peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None)
+            except torch.OutOfMemoryError as exc:
+                row["error"] = f"out of memory: {str(exc).splitlines()[0]}"
+            figures["runs"].append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(figures, f, indent=1)
+            del trainer, lm
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            torch._dynamo.reset()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

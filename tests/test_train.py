@@ -1,0 +1,291 @@
+"""opd-train mechanics on the tiny models: budget, run dir, exact resume, atomic checkpoints,
+micro-batch invariance, adapters that load elsewhere, and errors. Learning is in test_train_learning.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from opd_train import cli
+from test_rollout import load_model, ok, parse, rollout
+from test_score import score
+
+TIMING = {"step_time", "tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def scored(tiny_model, tiny_teacher, tmp_path_factory) -> Path:
+    """8 AIME prompts x 2 samples from the tiny student (top-4), scored by the tiny teacher
+    (sampled tokens + own top-4) and with a shift block (post = teacher, pre = student)."""
+    recs = ok(rollout(tiny_model, "-n", "2", "--max-tokens", "12", "--limit", "8", "--topk-logprobs", "4",
+                      "aime24")).stdout_bytes
+    out = ok(score("--teacher", f"t={tiny_teacher}", "--topk", "4", "--shift", f"post={tiny_teacher},pre={tiny_model}",
+                   "--shift-k", "4", input=recs)).stdout_bytes
+    path = tmp_path_factory.mktemp("scored") / "scored.jsonl"
+    path.write_bytes(out)
+    assert len(parse(out)) == 16
+    return path
+
+
+def train(*args: str, input: bytes | None = None):
+    return CliRunner().invoke(cli.train, ["--quiet", *args], input=input)
+
+
+def base_args(model: Path, out: Path | None, *extra: str) -> list[str]:
+    where = [] if out is None else ["--out", str(out)]
+    return ["--model", str(model), *where, "--lr", "1e-3", "--lora-r", "4", "--lora-alpha", "8", *extra]
+
+
+def metrics(run_dir: Path, drop_timing: bool = True) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not (drop_timing and k in TIMING)} for r in rows]
+
+
+def adapter_bytes(path: Path) -> bytes:
+    return (path / "adapter_model.safetensors").read_bytes()
+
+
+def error_of(result) -> str:
+    assert result.exit_code != 0, result.stdout
+    return result.stderr
+
+
+# --------------------------------------------------------------------------- budget and run dir
+
+
+def test_exact_budget_run_dir_and_checkpoints(scored, tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    ok(train(*base_args(tiny_model, run_dir, "--loss", "rkl", "--max-steps", "3", "--batch-groups", "2",
+                        "--save-every", "2"), str(scored)))
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["records"] == 4 for r in rows)  # 2 groups x group_size 2
+    assert [r["records_read"] for r in rows] == [4, 8, 12]
+    assert {"loss", "grad_norm", "lr", "tokens", "reverse_kl", "ratio", "advantage"} <= set(rows[0])
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert names == ["checkpoint-000002", "checkpoint-000003", "config.json", "latest", "metrics.jsonl"]
+    assert (run_dir / "latest").read_text() == "checkpoint-000003\n"
+    state = json.loads((run_dir / "checkpoint-000003" / "trainer_state.json").read_text())
+    assert state["step"] == 3 and state["max_steps"] == 3 and state["complete"] and state["records_read"] == 12
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["tool"] == "opd-train" and config["config"]["max_steps"] == 3 and config["inputs"] == [str(scored)]
+
+
+def test_short_input_is_an_error_unless_allowed(scored, tiny_model, tmp_path):
+    args = base_args(tiny_model, tmp_path / "short", "--loss", "sft", "--max-steps", "5", "--batch-size", "6")
+    result = train(*args, str(scored))  # 16 records = 2 steps of 6, 4 left over
+    assert error_of(result) == (
+        "Error: the input ended after 2 of --max-steps 5 steps (16 records read, 4 left in incomplete groups; "
+        "checkpoint-000002 saved); give more input and --resume, or pass --allow-short to accept a short run\n")
+    assert (tmp_path / "short" / "latest").read_text() == "checkpoint-000002\n"
+    state = json.loads((tmp_path / "short" / "checkpoint-000002" / "trainer_state.json").read_text())
+    assert state["step"] == 2 and not state["complete"]
+    ok(train(*base_args(tiny_model, tmp_path / "allowed", "--loss", "sft", "--max-steps", "5", "--batch-size", "6",
+                        "--allow-short"), str(scored)))
+    assert [r["step"] for r in metrics(tmp_path / "allowed")] == [1, 2]
+
+
+def test_resume_cannot_raise_the_budget_or_change_options(scored, tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    ok(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--batch-size", "4"), str(scored)))
+    assert error_of(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "4", "--batch-size", "4",
+                                     "--resume"), str(scored))) == (
+        "Error: --resume: the options differ from the run's config.json (max_steps); resume with the same "
+        "options (the step budget included), or start a new --out\n")
+    assert error_of(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--batch-size", "4",
+                                     "--resume"), str(scored))) == (
+        f"Error: --resume: {run_dir} is complete (checkpoint-000002, --max-steps 2); nothing to do\n")
+    assert error_of(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--batch-size", "4"),
+                          str(scored))) == (
+        f"Error: --out {run_dir} is not empty; use --resume to continue its run or --overwrite to replace it\n")
+
+
+# --------------------------------------------------------------------------- exact resume
+
+
+@pytest.fixture(scope="module")
+def interleaved(scored, tmp_path_factory) -> Path:
+    """The scored records with every group's first samples first: groups complete only in the second
+    half, so batches leave records of incomplete groups pending across steps and checkpoints."""
+    lines = scored.read_bytes().splitlines()
+    path = tmp_path_factory.mktemp("interleaved") / "interleaved.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines[0::2] + lines[1::2]))
+    return path
+
+
+@pytest.mark.parametrize("loss", ["rkl", "shift"])
+def test_resume_gives_the_same_steps_bit_for_bit(interleaved, tiny_model, tmp_path, monkeypatch, loss):
+    """Stopped (Ctrl-C) during step 3 after checkpoint 2, then --resume: the metrics of every step and
+    the final adapter equal an uninterrupted run's exactly (CPU). LoRA dropout is on, so the RNG
+    state must come back too, and the checkpoint holds records of incomplete groups."""
+    from opd_train.run import Trainer
+
+    args = [*base_args(tiny_model, None), "--loss", loss, "--max-steps", "4", "--batch-groups", "2",
+            "--save-every", "2", "--lora-dropout", "0.1", "--micro-batch-tokens", "200", str(interleaved)]
+    if loss == "shift":
+        args[-1:-1] = ["--lr-schedule", "cosine", "--warmup-steps", "1"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    ok(train(*args, "--out", str(whole)))
+    assert [r["records_read"] for r in metrics(whole)] == [10, 12, 14, 16]
+    original = Trainer.train_step
+
+    def interrupted(self, examples):
+        if self.step == 2:
+            raise KeyboardInterrupt
+        return original(self, examples)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    assert train(*args, "--out", str(part)).exit_code == 1  # click's answer to Ctrl-C
+    state = json.loads((part / "checkpoint-000002" / "trainer_state.json").read_text())
+    assert state["records_read"] == 12  # 4 of them (groups 5-8's first samples) pending in the checkpoint
+    monkeypatch.setattr(Trainer, "train_step", original)
+    ok(train(*args, "--out", str(part), "--resume"))
+    assert metrics(part) == metrics(whole)
+    assert (part / "latest").read_text() == (whole / "latest").read_text() == "checkpoint-000004\n"
+    assert adapter_bytes(part / "checkpoint-000004") == adapter_bytes(whole / "checkpoint-000004")
+
+
+# --------------------------------------------------------------------------- atomic checkpoints
+
+KILL_AT_SAVE = """
+import os, sys
+import opd_train.checkpoint as c
+original = c.{target}
+def killed(*args, **kwargs):
+    if "checkpoint-000004" in str(args[0]) or "checkpoint-000004" in str(args[-1]):
+        os._exit(9)  # the process dies here, nothing flushed or cleaned up
+    return original(*args, **kwargs)
+c.{target} = killed
+from opd_train.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow  # two subprocesses that load torch
+@pytest.mark.parametrize("target", ["_fsync_tree", "write_atomic"])
+def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(scored, tiny_model, tmp_path, target):
+    """Killed while checkpoint 4 is being written (_fsync_tree: files written, not renamed) or just
+    after its rename (write_atomic of `latest`): `latest` still names checkpoint 2, which loads, and
+    --resume finishes the run."""
+    run_dir = tmp_path / "run"
+    args = ["--quiet", *base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "5", "--batch-size", "3",
+                                  "--save-every", "2"), str(scored)]
+    script = KILL_AT_SAVE.format(target=target)
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 9, result.stderr
+    assert (run_dir / "latest").read_text() == "checkpoint-000002\n"
+    from peft import PeftModel
+
+    PeftModel.from_pretrained(load_model(tiny_model), run_dir / "checkpoint-000002")  # loads
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4]
+    result = subprocess.run([str(Path(sys.executable).with_name("opd-train")), *args, "--resume"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "latest").read_text() == "checkpoint-000005\n"
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4, 5]
+    assert not [p.name for p in run_dir.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+# --------------------------------------------------------------------------- micro-batches
+
+
+@pytest.mark.parametrize("loss", ["sft", "rkl", "fkl", "shift"])
+def test_micro_batch_cut_does_not_change_the_step(scored, tiny_model, tmp_path, loss):
+    """One step of 8 records in one micro-batch, or cut by a small token budget into several (and the
+    LM head in chunks of 5 positions): same loss, metrics, gradient norm and adapter gradients."""
+    runs = {}
+    for name, extra in {"one": ["--micro-batch-tokens", "100000"],
+                        "cut": ["--micro-batch-tokens", "300", "--logit-chunk", "5"]}.items():
+        run_dir = tmp_path / name
+        ok(train(*base_args(tiny_model, run_dir, "--loss", loss, "--max-steps", "1", "--batch-size", "8", *extra),
+                 str(scored)))
+        runs[name] = run_dir
+    one, cut = metrics(runs["one"])[0], metrics(runs["cut"])[0]
+    assert one.keys() == cut.keys()
+    for key in one:
+        assert one[key] == pytest.approx(cut[key], rel=1e-5, abs=1e-7), key
+    grads = {name: step_gradients(tiny_model, scored, loss, *extra) for name, extra in
+             {"one": (100000, 2048), "cut": (300, 5)}.items()}
+    assert grads["one"].keys() == grads["cut"].keys()
+    for key, g in grads["one"].items():
+        assert float((g - grads["cut"][key]).abs().max()) <= 1e-5 * float(g.abs().max()) + 1e-9, key
+
+
+def step_gradients(model: Path, scored: Path, loss: str, micro_batch_tokens: int, logit_chunk: int) -> dict:
+    """The adapter gradients of one step over the first 8 records (before the optimizer)."""
+    from opd_common.streams import iter_inputs
+    from opd_train.config import TrainConfig
+    from opd_train.data import make_example, micro_batches
+    from opd_train.run import Trainer
+
+    config = TrainConfig(model=str(model), out="unused", loss=loss, max_steps=1, batch_size=8, lr=1e-3, lora_r=4,
+                         lora_alpha=8, micro_batch_tokens=micro_batch_tokens, logit_chunk=logit_chunk)
+    trainer = Trainer.__new__(Trainer)
+    trainer.setup(config, None, device="cpu")
+    items = [item for item, _ in zip(iter_inputs([str(scored)]), range(8))]
+    examples = sorted((make_example(rec, where, config) for rec, where in items), key=lambda e: -e.length)
+    cuts = micro_batches(examples, micro_batch_tokens)
+    assert (len(cuts) > 1) == (micro_batch_tokens < 1000)
+    num_tokens = sum(len(e.response_ids) for e in examples)
+    for mb in cuts:
+        trainer.student.micro_step(mb, num_tokens, trainer.beta)
+    return {name: p.grad.detach().clone() for name, p in trainer.student.peft.named_parameters() if p.requires_grad}
+
+
+# --------------------------------------------------------------------------- adapters and errors
+
+
+def test_checkpoint_loads_with_peft_and_matches_the_trained_student(scored, tiny_model, tmp_path):
+    run_dir = tmp_path / "run"
+    ok(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--batch-size", "8", "--lr", "1e-2"),
+             str(scored)))
+    import torch
+    from peft import PeftModel
+
+    base = load_model(tiny_model)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        before = base(ids).logits
+        tuned = PeftModel.from_pretrained(base, run_dir / "checkpoint-000002")
+        after = tuned(ids).logits
+    assert float((after - before).abs().max()) > 1e-3  # the adapter is not a no-op
+    assert json.loads((run_dir / "checkpoint-000002" / "adapter_config.json").read_text())["r"] == 4
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--loss", "rkl", "--max-steps", "1"], "Error: give exactly one of --batch-groups (prompt groups per step) or --batch-size (records)\n"),
+    (["--loss", "rkl", "--batch-size", "2"], "Error: --max-steps is required and must be >= 1, got None\n"),
+    (["--loss", "sft", "--batch-size", "2", "--max-steps", "1", "--self-teacher", "opsd"],
+     "Error: --self-teacher goes with --loss fkl (the full-vocabulary forward KL)\n"),
+    (["--loss", "fkl", "--batch-size", "2", "--max-steps", "1", "--teacher", "nope"],
+     "Error: record 1 of {path}: no teachers.nope block (the record has t); check --teacher or score the records with opd-score --teacher\n"),
+])
+def test_flag_and_record_errors(scored, tiny_model, tmp_path, args, expected):
+    result = train("--model", str(tiny_model), "--out", str(tmp_path / "run"), *args, str(scored))
+    assert error_of(result) == expected.format(path=scored.name)
+
+
+def test_records_without_teacher_data_name_the_record(tiny_model, tmp_path):
+    recs = ok(rollout(tiny_model, "-n", "1", "--max-tokens", "4", "--limit", "1", "aime24")).stdout_bytes
+    path = tmp_path / "plain.jsonl"
+    path.write_bytes(recs)
+    result = train("--model", str(tiny_model), "--out", str(tmp_path / "run"), "--loss", "shift", "--batch-size", "1",
+                   "--max-steps", "1", str(path))
+    assert error_of(result) == (f"Error: record 1 of {path.name}: no shift block, which --loss shift reads; "
+                                "score with opd-score --shift post=MODEL,pre=MODEL\n")
+
+
+def test_metrics_stdout_and_stdin(scored, tiny_model, tmp_path):
+    result = ok(train(*base_args(tiny_model, tmp_path / "run", "--loss", "sft", "--max-steps", "2", "--batch-size", "4",
+                                 "--metrics-stdout"), input=scored.read_bytes()))
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+    quiet = ok(train(*base_args(tiny_model, tmp_path / "run2", "--loss", "sft", "--max-steps", "1", "--batch-size", "4"),
+                     input=scored.read_bytes()))
+    assert quiet.stdout == ""

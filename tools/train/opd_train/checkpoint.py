@@ -1,0 +1,134 @@
+"""Run directory: config.json, metrics.jsonl, atomic checkpoint-NNNNNN/ folders and the `latest` pointer.
+
+A checkpoint is written into a hidden temporary folder, every file fsynced, then renamed into
+place; only then is ``latest`` replaced (write a temp file, rename). A crash at any moment leaves
+the previous checkpoint and ``latest`` valid: readers trust ``latest``, never a folder listing.
+
+checkpoint-NNNNNN/
+  adapter_model.safetensors, adapter_config.json   peft LoRA (PeftModel.from_pretrained, vLLM LoRARequest)
+  tokenizer files                                   the student's tokenizer
+  trainer_state.json                                step, max_steps, records read, beta, last metrics (for people)
+  trainer_state.pt                                  optimizer, scheduler, RNG states, pending records (for --resume)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opd_common.errors import ConfigError
+
+LATEST = "latest"
+CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"checkpoint-{step:06d}"
+
+
+def _fsync_tree(path: Path) -> None:
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict[str, Any]:
+    import torch
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: Path, step: int, student, tokenizer, state: dict[str, Any], summary: dict[str, Any]) -> Path:
+    """Write checkpoint-NNNNNN atomically, then point `latest` at it."""
+    import torch
+
+    final = run_dir / checkpoint_name(step)
+    tmp = run_dir / f".{final.name}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    student.peft.save_pretrained(str(tmp))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    torch.save(state, tmp / "trainer_state.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(summary, indent=1) + "\n")
+    _fsync_tree(tmp)
+    if final.exists():  # left by a crash after its rename but before `latest` moved: not trusted
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    write_atomic(run_dir / LATEST, final.name + "\n")
+    return final
+
+
+def latest(run_dir: Path) -> Path | None:
+    pointer = run_dir / LATEST
+    if not pointer.exists():
+        return None
+    path = run_dir / pointer.read_text().strip()
+    if not (path / "trainer_state.pt").exists():
+        raise ConfigError(f"{pointer} points to {path.name}, which is missing or incomplete; "
+                          "the run directory was edited by hand?")
+    return path
+
+
+def load(path: Path, student) -> dict[str, Any]:
+    """Load the adapter weights into `student` and return the trainer state."""
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "adapter_model.safetensors"), device=str(student.device))
+    result = set_peft_model_state_dict(student.peft, weights)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ConfigError(f"{path}: adapter weights do not fit this model ({unexpected[:3]} ...)")
+    return torch.load(path / "trainer_state.pt", weights_only=False)
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop metric lines of steps after `step` (done before a crash, not in any checkpoint)."""
+    path = run_dir / METRICS
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                keep.append(line)
+        except (ValueError, KeyError):
+            break  # a torn last line
+    write_atomic(path, "".join(line + "\n" for line in keep))

@@ -1,0 +1,91 @@
+"""TrainConfig: every opd-train flag, validated in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opd_common.config import opt
+from opd_common.errors import ConfigError
+
+LOSSES = ("sft", "rkl", "fkl", "shift")
+DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+@dataclass
+class TrainConfig:
+    model: str | None = opt(None, "Student base model folder or Hub id (required).")
+    revision: str | None = opt(None, "Student model revision.")
+    out: str | None = opt(None, "Run directory: config.json, metrics.jsonl, checkpoint-NNNNNN/, latest (required).")
+    loss: str = opt("rkl", "Objective (docs/losses.md).", choices=LOSSES)
+    max_steps: int | None = opt(None, "Hard budget: exactly this many optimizer steps, also across --resume (required).")
+    allow_short: bool = opt(False, "Accept input that ends before --max-steps (otherwise an error).")
+    # batching
+    batch_groups: int | None = opt(None, "Groups (all samples of one prompt_id) per optimizer step.")
+    batch_size: int | None = opt(None, "Records per optimizer step (instead of --batch-groups).")
+    micro_batch_tokens: int = opt(8192, "Padded tokens per forward/backward (micro-batch size x longest sequence).")
+    logit_chunk: int = opt(2048, "Positions per LM-head chunk (bounds the [positions x vocab] buffers).")
+    # loss options
+    teacher: str | None = opt(None, "Teacher block (teachers.NAME) for rkl/fkl [default: the records' only one].")
+    ratio_clip: float | None = opt(None, "rkl: truncate the importance ratio at this value (off when unset).")
+    discount: float = opt(0.0, "rkl: discount of future per-token advantages (0 = per-token).")
+    kl_clip: float | None = opt(0.05, "fkl: clip of each KL summand (OPSD: 0.05); --kl-clip 0 turns it off.")
+    loss_temperature: float = opt(1.0, "fkl: temperature dividing both sides' logits (OPSD: 1.1).")
+    fkl_tail: bool = opt(True, "fkl: add the tail bucket (a true KL); --no-fkl-tail = OPSD's renormalized top-k.")
+    self_teacher: str | None = opt(None, "fkl: teacher = the base weights (adapter off) on this prompt template "
+                                         "(opsd, student or a file), full-vocabulary KL; no teacher data needed.")
+    self_teacher_thinking: str = opt("on", "enable_thinking for the self-teacher's prompt.", choices=("on", "off"))
+    beta_init: float = opt(2.5, "shift: initial coefficient of the k3 KL to the initial student.")
+    beta_eps: float = opt(0.01, "shift: multiplicative step of the adaptive coefficient.")
+    # LoRA
+    lora_r: int = opt(16, "LoRA rank.")
+    lora_alpha: float = opt(32.0, "LoRA alpha.")
+    lora_dropout: float = opt(0.0, "LoRA dropout.")
+    lora_targets: str = opt(DEFAULT_TARGETS, "Comma-separated module names to adapt, or all-linear.")
+    # optimizer
+    lr: float = opt(1e-5, "AdamW learning rate.")
+    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    warmup_steps: int = opt(0, "Linear warm-up steps.")
+    lr_schedule: str = opt("constant", "After warm-up.", choices=("constant", "linear", "cosine"))
+    max_grad_norm: float | None = opt(1.0, "Clip the global gradient norm (0 = off).")
+    # run
+    save_every: int | None = opt(None, "Checkpoint every N steps (and always at the end).")
+    resume: bool = opt(False, "Continue the run in --out from its latest checkpoint (same options).")
+    overwrite: bool = opt(False, "Replace an earlier run in --out.")
+    seed: int = opt(0, "Seed for LoRA initialization and dropout.")
+    gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass (less memory).")
+    compile: bool = opt(False, "torch.compile the decoder (slow first steps, then faster on GPU).")
+    dtype: str = opt("auto", "Base weights dtype (auto = bfloat16 on GPU, float32 on CPU); LoRA weights are fp32.",
+                     choices=("auto", "float32", "bfloat16"))
+    device: str = opt("auto", "Torch device when not under accelerate launch (auto = cuda when available).")
+    metrics_stdout: bool = opt(False, "Also print each step's metrics as a JSON line on stdout.")
+    quiet: bool = opt(False, "No progress bar.")
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("--model is required (the student base model)")
+        if not self.out:
+            raise ConfigError("--out is required (the run directory)")
+        if self.max_steps is None or self.max_steps < 1:
+            raise ConfigError(f"--max-steps is required and must be >= 1, got {self.max_steps}")
+        if (self.batch_groups is None) == (self.batch_size is None):
+            raise ConfigError("give exactly one of --batch-groups (prompt groups per step) or --batch-size (records)")
+        for name in ("batch_groups", "batch_size", "micro_batch_tokens", "logit_chunk", "lora_r", "save_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.kl_clip is not None and self.kl_clip < 0:
+            raise ConfigError(f"--kl-clip must be >= 0 (0 = off), got {self.kl_clip}")
+        if self.kl_clip == 0:
+            self.kl_clip = None
+        if self.max_grad_norm == 0:
+            self.max_grad_norm = None
+        if self.loss_temperature <= 0:
+            raise ConfigError(f"--loss-temperature must be > 0, got {self.loss_temperature}")
+        if not 0 <= self.discount <= 1:
+            raise ConfigError(f"--discount must be in [0, 1], got {self.discount}")
+        if self.ratio_clip is not None and self.ratio_clip <= 0:
+            raise ConfigError(f"--ratio-clip must be > 0, got {self.ratio_clip}")
+        if self.self_teacher and self.loss != "fkl":
+            raise ConfigError("--self-teacher goes with --loss fkl (the full-vocabulary forward KL)")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")

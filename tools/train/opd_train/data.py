@@ -1,0 +1,187 @@
+"""From scored records to training examples, optimizer-step batches and micro-batches.
+
+A step's batch is ``--batch-size`` records or ``--batch-groups`` complete groups (all
+``group_size`` samples of one ``prompt_id``), taken from the stream lazily in arrival order.
+Records of a group that is not complete yet wait in ``pending``; a checkpoint stores how many
+records were read and the pending ones, so a resumed run continues from exactly there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from opd_common.errors import RecordError
+from opd_common.records import Where
+
+
+@dataclass
+class Example:
+    """One record as the trainer needs it. Per-token arrays are aligned to response tokens."""
+
+    id: str
+    prompt_id: str
+    prompt_ids: np.ndarray  # int [P]: the student's context
+    response_ids: np.ndarray  # int [T]
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [T] or [T, k]
+    teacher_context: np.ndarray | None = None  # int [P']: self-teacher prompt
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def teacher_length(self) -> int:
+        return len(self.teacher_context) + len(self.response_ids)
+
+
+def _block(rec: dict, where: Where, name: str | None, loss: str) -> tuple[str, dict]:
+    teachers = rec.get("teachers") or {}
+    if name is None:
+        if len(teachers) != 1:
+            have = ", ".join(sorted(teachers)) or "none"
+            raise RecordError(f"{where}: --loss {loss} needs one teacher block, the record has {have}; "
+                              "score it with opd-score --teacher NAME=MODEL, or pick one with --teacher NAME")
+        name = next(iter(teachers))
+    if name not in teachers:
+        raise RecordError(f"{where}: no teachers.{name} block (the record has {', '.join(sorted(teachers)) or 'none'}); "
+                          "check --teacher or score the records with opd-score --teacher")
+    return name, teachers[name]
+
+
+def make_example(rec: dict, where: Where, config, teacher_render=None) -> Example:
+    """Check that the record carries what --loss needs and pull it out (errors name the record and field)."""
+    ex = Example(id=rec["id"], prompt_id=rec["prompt_id"], prompt_ids=np.asarray(rec["prompt_ids"], np.int64),
+                 response_ids=np.asarray(rec["response_ids"], np.int64))
+    T = len(ex.response_ids)
+    if T == 0:
+        raise RecordError(f"{where}: response_ids is empty; nothing to train on (drop such records upstream)")
+    loss = config.loss
+    if loss == "rkl":
+        from .losses import rkl_advantages
+
+        name, block = _block(rec, where, config.teacher, loss)
+        import torch
+
+        adv = rkl_advantages(torch.tensor(np.asarray(block["logprobs"], np.float32)),
+                             torch.tensor(np.asarray(rec["logprobs"], np.float32)), config.discount)
+        ex.tokens.update(behaviour_logp=np.asarray(rec["logprobs"], np.float32), advantage=adv.numpy(),
+                         teacher_logp=np.asarray(block["logprobs"], np.float32))
+    elif loss == "fkl" and teacher_render is not None:
+        ex.teacher_context = np.asarray(teacher_render(rec, where), np.int64)
+    elif loss == "fkl":
+        name, block = _block(rec, where, config.teacher, loss)
+        if block.get("topk_ids") is None or block.get("topk_logprobs") is None:
+            raise RecordError(f"{where}: teachers.{name} has no topk_ids/topk_logprobs, which --loss fkl reads; "
+                              "score with opd-score --topk K or --at-student-topk, or use --self-teacher")
+        ex.tokens.update(ids=np.asarray(block["topk_ids"], np.int64), teacher_logp=np.asarray(block["topk_logprobs"], np.float32))
+    elif loss == "shift":
+        shift = rec.get("shift")
+        if not shift:
+            raise RecordError(f"{where}: no shift block, which --loss shift reads; "
+                              "score with opd-score --shift post=MODEL,pre=MODEL")
+        ex.tokens.update(ids=np.asarray(shift["ids"], np.int64), delta=np.asarray(shift["delta"], np.float32))
+    for key, arr in ex.tokens.items():
+        if len(arr) != T:
+            raise RecordError(f"{where}: {key} has {len(arr)} positions but response_ids has {T}")
+    return ex
+
+
+class StepBatches:
+    """Cut the example stream into optimizer-step batches (records or complete groups)."""
+
+    def __init__(self, items: Iterator[tuple[dict, Where]], config, to_example, consumed: int = 0,
+                 pending: list[tuple[dict, Where]] | None = None):
+        self.items = items
+        self.config = config
+        self.to_example = to_example
+        self.consumed = consumed  # records read from the input so far
+        self.pending: list[tuple[dict, Where]] = list(pending or [])  # read, not yet in a batch
+
+    def next_batch(self) -> list[Example] | None:
+        """The next full batch, or None when the input ends first (pending records stay)."""
+        cfg = self.config
+        while True:
+            batch = self._take_full()
+            if batch is not None:
+                return [self.to_example(rec, where) for rec, where in batch]
+            item = next(self.items, None)
+            if item is None:
+                return None
+            self.consumed += 1
+            self.pending.append(item)
+
+    def _take_full(self) -> list[tuple[dict, Where]] | None:
+        cfg = self.config
+        if cfg.batch_size is not None:
+            if len(self.pending) < cfg.batch_size:
+                return None
+            batch, self.pending = self.pending[:cfg.batch_size], self.pending[cfg.batch_size:]
+            return batch
+        groups: dict[str, list[int]] = {}
+        for i, (rec, _) in enumerate(self.pending):
+            groups.setdefault(rec["prompt_id"], []).append(i)
+        complete = [ids for ids in groups.values() if len(ids) >= _group_size(self.pending[ids[0]])]
+        if len(complete) < cfg.batch_groups:
+            return None
+        chosen = sorted(i for ids in complete[:cfg.batch_groups] for i in ids[:_group_size(self.pending[ids[0]])])
+        taken = set(chosen)
+        batch = [self.pending[i] for i in chosen]
+        self.pending = [item for i, item in enumerate(self.pending) if i not in taken]
+        return batch
+
+
+def _group_size(item: tuple[dict, Where]) -> int:
+    rec, where = item
+    size = rec.get("group_size")
+    if not isinstance(size, int) or size < 1:
+        raise RecordError(f"{where}: group_size is {size!r}; --batch-groups needs it (use --batch-size instead)")
+    return size
+
+
+def micro_batches(examples: list[Example], budget: int, length=lambda e: e.length) -> list[list[Example]]:
+    """Consecutive micro-batches with count x longest <= budget (a longer example goes alone)."""
+    out: list[list[Example]] = []
+    current: list[Example] = []
+    longest = 0
+    for ex in examples:
+        n = length(ex)
+        if current and max(longest, n) * (len(current) + 1) > budget:
+            out.append(current)
+            current, longest = [], 0
+        current.append(ex)
+        longest = max(longest, n)
+    if current:
+        out.append(current)
+    return out
+
+
+def collate(examples: list[Example], context: str = "prompt", bucket: int = 1) -> dict[str, Any]:
+    """Right-padded input ids [B, L] and the flat (row, col) of each response token's predicting position.
+
+    The hidden state at position P - 1 + t predicts response token t (P = context length).
+    The width is rounded up to a multiple of `bucket` (right padding: causal attention never
+    looks at it).
+    Per-token fields are concatenated in the same flat order.
+    """
+    import torch
+
+    ctxs = [ex.prompt_ids if context == "prompt" else ex.teacher_context for ex in examples]
+    width = max(len(c) + len(ex.response_ids) for c, ex in zip(ctxs, examples, strict=True))
+    width = -(-width // bucket) * bucket  # compiled models: few distinct shapes
+    ids_BL = torch.zeros((len(examples), width), dtype=torch.long)
+    rows, cols = [], []
+    for b, (ctx, ex) in enumerate(zip(ctxs, examples, strict=True)):
+        seq = np.concatenate([ctx, ex.response_ids])
+        ids_BL[b, :len(seq)] = torch.from_numpy(seq)
+        P, T = len(ctx), len(ex.response_ids)
+        rows.append(np.full(T, b))
+        cols.append(np.arange(P - 1, P - 1 + T))
+    batch = {"ids_BL": ids_BL, "rows_N": torch.from_numpy(np.concatenate(rows)),
+             "cols_N": torch.from_numpy(np.concatenate(cols)),
+             "targets_N": torch.from_numpy(np.concatenate([ex.response_ids for ex in examples]))}
+    for key in examples[0].tokens:
+        batch[key] = torch.from_numpy(np.concatenate([ex.tokens[key] for ex in examples]))
+    return batch

@@ -1,0 +1,201 @@
+"""The objectives of DESIGN.md section 5 as pure functions (tensors in, LossOutput out).
+
+Conventions, shared by every loss:
+
+- Inputs are one chunk of N response positions: ``logits_NV`` (any float dtype; upcast to
+  float32 inside), the sampled tokens ``targets_N`` and per-token data aligned to them.
+- ``num_tokens`` is the number of response tokens in the whole optimizer step (all
+  micro-batches, all ranks). Every loss is ``sum over the chunk's tokens / num_tokens``, so the
+  losses (and gradients) of the chunks of a step add up to the global token mean, however the
+  step is cut into micro-batches and chunks.
+- ``metrics`` hold detached contributions on the same scale (sum / num_tokens): adding them up
+  over the chunks of a step gives the step's token means.
+
+Equations are written per token t; m_t (the response mask) is implicit: only response
+positions are passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BETA_INIT = 2.5
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    metrics: dict[str, torch.Tensor]  # name -> detached scalar contribution (sum / num_tokens)
+
+
+def token_logprobs(logits_NV: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / temperature) at `ids` ([N] or [N, K]), in float32."""
+    logp_NV = torch.log_softmax(logits_NV.float() / temperature, dim=-1)
+    if ids.dim() == 1:
+        return logp_NV.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
+    return logp_NV.gather(-1, ids.long())
+
+
+def sft(logits_NV: torch.Tensor, targets_N: torch.Tensor, num_tokens: int) -> LossOutput:
+    """Cross-entropy on the response tokens: loss = -sum_t log p_S(y_t) / #tokens."""
+    nll = -token_logprobs(logits_NV, targets_N).sum() / num_tokens
+    return LossOutput(nll, {"nll": nll.detach()})
+
+
+def rkl_advantages(teacher_logp_T: torch.Tensor, behaviour_logp_T: torch.Tensor, discount: float = 0.0) -> torch.Tensor:
+    """Per-token advantages of on-policy distillation for one response.
+
+    r_t = log p_T(y_t) - log p_S_old(y_t)  (minus the sampled-token reverse KL), and
+    A_t = sum_{s >= t} discount^(s - t) r_s  (A_t = r_t when discount = 0).
+    """
+    r_T = teacher_logp_T.double() - behaviour_logp_T.double()
+    if discount == 0.0:
+        return r_T.float()
+    out = torch.empty_like(r_T)
+    running = 0.0
+    values = r_T.tolist()
+    for t in range(len(values) - 1, -1, -1):
+        running = values[t] + discount * running
+        out[t] = running
+    return out.float()
+
+
+def rkl(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor, advantage_N: torch.Tensor,
+        num_tokens: int, *, ratio_clip: float | None = None, teacher_logp_N: torch.Tensor | None = None) -> LossOutput:
+    """On-policy distillation (reverse KL through sampled-token advantages).
+
+    rho_t = exp(log p_S(y_t) - log p_S_old(y_t)) (p_S_old: the behaviour log-probs in the record);
+    loss = -sum_t A_t rho_t / #tokens, A_t detached (see rkl_advantages).
+    With ratio_clip = c the ratio is truncated: its value is min(rho_t, c) and its gradient
+    min(rho_t, c) * grad log p_S(y_t) (truncated importance sampling; the gradient is kept, only
+    its weight is capped). rho_t = 1 when fully on-policy, so the gradient is -A_t grad log p_S.
+    Metric reverse_kl is the sampled-token estimate log p_S_old(y_t) - log p_T(y_t) (from
+    teacher_logp_N when given, else -A_t, which is the same when discount = 0).
+    """
+    logp_N = token_logprobs(logits_NV, targets_N)
+    behaviour_N = behaviour_logp_N.float()
+    advantage_N = advantage_N.float().detach()
+    ratio_N = torch.exp(logp_N - behaviour_N)
+    clipped_N = torch.zeros_like(ratio_N, dtype=torch.bool)
+    if ratio_clip is not None:
+        clipped_N = ratio_N.detach() > ratio_clip
+        capped_N = ratio_clip * torch.exp(logp_N - logp_N.detach())  # value c, gradient c * grad log p
+        ratio_N = torch.where(clipped_N, capped_N, ratio_N)
+    loss = -(advantage_N * ratio_N).sum() / num_tokens
+    if teacher_logp_N is not None:
+        rkl_N = behaviour_N - teacher_logp_N.float()
+    else:
+        rkl_N = -advantage_N
+    metrics = {"advantage": advantage_N.sum() / num_tokens, "reverse_kl": rkl_N.sum().detach() / num_tokens,
+               "ratio": ratio_N.detach().sum() / num_tokens, "ratio_clipped": clipped_N.float().sum() / num_tokens}
+    return LossOutput(loss, metrics)
+
+
+def _clipped_sum(j_NK: torch.Tensor, clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_v min(j_v, c) per token, and whether any summand of the token was clipped."""
+    if clip is None:
+        return j_NK.sum(-1), torch.zeros(j_NK.shape[0], dtype=torch.bool, device=j_NK.device)
+    over_NK = j_NK.detach() > clip
+    return torch.minimum(j_NK, torch.full_like(j_NK, clip)).sum(-1), over_NK.any(-1)
+
+
+def _kl_terms(teacher_logp_NK: torch.Tensor, student_logp_NK: torch.Tensor) -> torch.Tensor:
+    """Summands p_T(v) (log p_T(v) - log p_S(v)); zero where p_T(v) = 0."""
+    p_NK = teacher_logp_NK.exp()
+    safe_t = torch.where(p_NK > 0, teacher_logp_NK, torch.zeros_like(teacher_logp_NK))
+    return torch.where(p_NK > 0, p_NK * (safe_t - student_logp_NK), torch.zeros_like(p_NK))
+
+
+def fkl(logits_NV: torch.Tensor, ids_NK: torch.Tensor, teacher_logp_NK: torch.Tensor, num_tokens: int, *,
+        temperature: float = 1.0, clip: float | None = 0.05, tail: bool = True) -> LossOutput:
+    """OPSD forward KL from the teacher's top-k log-probs (teacher_logp_NK at ids_NK, temperature 1).
+
+    Summands j_{t,v} = q_T(v) (log q_T(v) - log q_S(v)), each clipped, j <- min(j, c), then
+    loss = sum_t sum_v j_{t,v} / #tokens. q_S is the student's softmax(logits / tau).
+
+    tail=True (a true KL): the k ids plus one tail bucket holding the rest of the vocabulary.
+      Teacher: p_T at the k ids and m = 1 - sum_k p_T(k) in the tail, tempered as a (k+1)-bucket
+      categorical, q_T ∝ p_T^(1/tau) (exact at tau = 1; at tau != 1 the tail is tempered as one
+      bucket because its inner distribution is not in the record). Student: exact q_S at the k
+      ids and q_S(tail) = sum of q_S outside them. With k = V this is the full-vocabulary KL.
+    tail=False (OPSD's top-k variant): both sides renormalized over the k ids,
+      q_T = softmax_k(log p_T / tau), q_S = softmax_k(logits_k / tau).
+    Metrics: fkl (the unclipped divergence), fkl_clipped_frac (tokens with a clipped summand),
+    teacher_tail_mass (m at temperature 1).
+    """
+    s_NV = logits_NV.float() / temperature
+    ids_NK = ids_NK.long()
+    t_NK = teacher_logp_NK.float()
+    s_NK = s_NV.gather(-1, ids_NK)
+    tail_mass_N = (1.0 - t_NK.exp().sum(-1)).clamp(min=0.0)
+    if tail:
+        log_z_N = torch.logsumexp(s_NV, -1, keepdim=True)
+        floor = torch.finfo(torch.float32).min / 4  # finite: a full top-k (k = V) leaves an empty tail
+        rest_NV = s_NV.scatter(-1, ids_NK, floor)
+        student_NB = torch.cat([s_NK, torch.logsumexp(rest_NV, -1, keepdim=True)], -1) - log_z_N
+        teacher_NB = torch.cat([t_NK, tail_mass_N.log().unsqueeze(-1)], -1) / temperature
+        teacher_NB = torch.log_softmax(teacher_NB, -1)
+    else:
+        student_NB = torch.log_softmax(s_NK, -1)
+        teacher_NB = torch.log_softmax(t_NK / temperature, -1)
+    j_NB = _kl_terms(teacher_NB, student_NB)
+    per_token_N, clipped_N = _clipped_sum(j_NB, clip)
+    loss = per_token_N.sum() / num_tokens
+    metrics = {"fkl": j_NB.detach().sum() / num_tokens, "fkl_clipped_frac": clipped_N.float().sum() / num_tokens,
+               "teacher_tail_mass": tail_mass_N.sum() / num_tokens}
+    return LossOutput(loss, metrics)
+
+
+def fkl_full(logits_NV: torch.Tensor, teacher_logits_NV: torch.Tensor, num_tokens: int, *,
+             temperature: float = 1.0, clip: float | None = 0.05) -> LossOutput:
+    """Full-vocabulary forward KL (exact OPSD with an in-trainer self-teacher).
+
+    q_T = softmax(teacher_logits / tau) (detached), q_S = softmax(logits / tau);
+    j_{t,v} = q_T(v) (log q_T(v) - log q_S(v)), j <- min(j, c); loss = sum_t sum_v j / #tokens.
+    Metrics: fkl (unclipped), fkl_clipped_frac.
+    """
+    student_NV = torch.log_softmax(logits_NV.float() / temperature, -1)
+    teacher_NV = torch.log_softmax(teacher_logits_NV.detach().float() / temperature, -1)
+    j_NV = _kl_terms(teacher_NV, student_NV)
+    per_token_N, clipped_N = _clipped_sum(j_NV, clip)
+    loss = per_token_N.sum() / num_tokens
+    return LossOutput(loss, {"fkl": j_NV.detach().sum() / num_tokens,
+                             "fkl_clipped_frac": clipped_N.float().sum() / num_tokens})
+
+
+def shift(logits_NV: torch.Tensor, ids_NK: torch.Tensor, delta_NK: torch.Tensor, targets_N: torch.Tensor,
+          ref_logp_N: torch.Tensor, num_tokens: int, *, beta: float) -> LossOutput:
+    """Direct-OPD: follow the teacher's fine-tuning shift over the student's top-k ids.
+
+    K_t = ids_NK (the student's top-k by full-vocabulary log-prob, from opd-score's shift block),
+    delta_{t,k} = log pi_post(k) - log pi_pre(k),
+    w_{t,k} = p_S(k) / sum_{k' in K_t} p_S(k') (detached),  A_{t,k} = w_{t,k} delta_{t,k},
+    policy = -sum_t sum_k A_{t,k} log p_S(k) / #tokens, whose gradient in the logits z is
+      d policy / d z_v = (p_S(v) sum_k A_{t,k} - A_{t,v} [v in K_t]) / #tokens,
+    plus beta times the k3 KL to the initial student at the sampled token,
+      D_t = log p_ref(y_t) - log p_S(y_t),  k3_t = exp(D_t) - D_t - 1,
+    loss = policy + beta * sum_t k3_t / #tokens.
+    Metrics: weighted_shift (sum_k A_{t,k}, whose step mean drives update_beta), k3, policy.
+    """
+    logp_NV = torch.log_softmax(logits_NV.float(), -1)
+    logp_NK = logp_NV.gather(-1, ids_NK.long())
+    w_NK = torch.softmax(logp_NK.detach(), -1)
+    a_NK = w_NK * delta_NK.float()
+    policy = -(a_NK * logp_NK).sum() / num_tokens
+    d_N = ref_logp_N.float().detach() - logp_NV.gather(-1, targets_N.long().unsqueeze(-1)).squeeze(-1)
+    k3 = (torch.exp(d_N) - d_N - 1).sum() / num_tokens
+    loss = policy + beta * k3
+    return LossOutput(loss, {"weighted_shift": a_NK.sum() / num_tokens, "k3": k3.detach(), "policy": policy.detach()})
+
+
+def update_beta(beta: float, mean_weighted_shift: float, eps: float = 0.01, low: float = 0.5,
+                high: float = 2.5) -> float:
+    """Adaptive k3 coefficient: x(1 - eps) after a negative mean weighted shift, x(1 + eps) after
+    a positive one (unchanged at 0), clamped to [low, high]."""
+    if mean_weighted_shift < 0:
+        beta *= 1.0 - eps
+    elif mean_weighted_shift > 0:
+        beta *= 1.0 + eps
+    return min(max(beta, low), high)

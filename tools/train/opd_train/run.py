@@ -1,0 +1,253 @@
+"""opd-train's pure entry point: run(config, inputs, stdout) -> exit code.
+
+The loop: read the next step's batch lazily, cut it into micro-batches by token budget,
+forward/backward each (losses are token sums over the whole step's token count, so any cut gives
+the same gradient), clip, AdamW step, log one metrics line, checkpoint every --save-every steps
+and at the end. Exactly --max-steps steps; --resume continues from `latest`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from opd_common.errors import ConfigError, OpdError
+from opd_common.records import Where
+from opd_common.streams import decode_line, encode, iter_inputs
+
+from . import checkpoint as ckpt
+from .data import StepBatches, make_example, micro_batches
+
+log = logging.getLogger("opd-train")
+
+# options that may differ between a run and its --resume
+NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device"}
+
+
+class ShortInput(OpdError):
+    """The input ended before --max-steps."""
+
+
+def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
+    """Multiplier of --lr for optimizer step `step` (0-based): linear warm-up, then the schedule."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = (step - warmup) / (total - warmup)
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def prepare_run_dir(config, inputs: list[str]) -> Path:
+    """Create (or check, with --resume) the run directory and its config.json."""
+    from opd_common import __version__
+    from opd_common.config import resolved
+
+    run_dir = Path(config.out)
+    record = {"tool": "opd-train", "version": __version__, "config": resolved(config), "inputs": inputs}
+    existing = run_dir / ckpt.CONFIG
+    if config.resume:
+        if not existing.exists():
+            raise ConfigError(f"--resume: {run_dir} has no {ckpt.CONFIG}; nothing to resume (drop --resume)")
+        old = json.loads(existing.read_text())["config"]
+        new = record["config"]
+        differ = sorted(k for k in set(old) | set(new) if k not in NOT_COMPARED and old.get(k) != new.get(k))
+        if differ:
+            raise ConfigError(f"--resume: the options differ from the run's config.json ({', '.join(differ)}); "
+                              "resume with the same options (the step budget included), or start a new --out")
+        return run_dir
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not config.overwrite:
+            raise ConfigError(f"--out {run_dir} is not empty; use --resume to continue its run or --overwrite to replace it")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt.write_atomic(existing, json.dumps(record, indent=1) + "\n")
+    return run_dir
+
+
+def _example_maker(config, tokenizer):
+    render = None
+    if config.self_teacher:
+        from opd_common.models import render_chat
+        from opd_score.templates import load
+
+        template = load(config.self_teacher)
+        cache: dict[str, list[int]] = {}
+
+        def render(rec: dict, where: Where) -> list[int]:
+            if rec["prompt_id"] not in cache:
+                message = template.render(rec["example"], str(where))
+                cache[rec["prompt_id"]] = render_chat(tokenizer, message, config.self_teacher_thinking == "on")
+            return cache[rec["prompt_id"]]
+
+    return lambda rec, where: make_example(rec, where, config, render)
+
+
+class Trainer:
+    def __init__(self, config, run_dir: Path):
+        self.setup(config, run_dir)
+
+    def setup(self, config, run_dir: Path | None, device: str | None = None, lm=None) -> None:
+        """Student, optimizer and schedule; `device`/`lm` given = a model already in memory (benchmarks)."""
+        import torch
+
+        from opd_common.models import load_tokenizer, pick_device
+
+        from .model import Student
+
+        self.config = config
+        self.run_dir = run_dir
+        self.world, self.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        if device is None:
+            device = pick_device(config.device)
+            if self.world > 1:
+                from accelerate import PartialState
+
+                device = str(PartialState().device)
+        self.tokenizer = load_tokenizer(config.model, config.revision) if lm is None else None
+        self.student = Student(config, device, lm)
+        self.optimizer = torch.optim.AdamW(self.student.params, lr=config.lr, weight_decay=config.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, config.warmup_steps, config.max_steps, config.lr_schedule))
+        self.step = 0
+        self.beta = config.beta_init
+        self.consumed = 0
+        self.pending: list[tuple[dict, Where]] = []
+        self.last_saved = 0
+
+    # ------------------------------------------------------------------ state
+
+    def state(self) -> dict[str, Any]:
+        return {"step": self.step, "beta": self.beta, "consumed": self.consumed,
+                "pending": [(encode(rec), where.source, where.number) for rec, where in self.pending],
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "rng": ckpt.rng_state()}
+
+    def restore(self, path: Path) -> None:
+        state = ckpt.load(path, self.student)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        ckpt.set_rng_state(state["rng"])
+        self.step, self.beta, self.consumed = state["step"], state["beta"], state["consumed"]
+        self.pending = [(decode_line(line, f"record {n} of {src}"), Where(src, n)) for line, src, n in state["pending"]]
+        self.last_saved = self.step
+        from opd_common.records import normalize
+
+        self.pending = [(normalize(rec, where), where) for rec, where in self.pending]
+
+    def save(self, metrics: dict | None) -> None:
+        self.last_saved = self.step
+        if self.rank != 0:
+            return
+        summary = {"step": self.step, "max_steps": self.config.max_steps, "records_read": self.consumed,
+                   "complete": self.step >= self.config.max_steps, "beta": self.beta, "metrics": metrics}
+        path = ckpt.save(self.run_dir, self.step, self.student, self.tokenizer, self.state(), summary)
+        log.info("saved %s", path)
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self, examples) -> dict[str, Any]:
+        import torch
+
+        cfg = self.config
+        t0 = time.perf_counter()
+        num_tokens = sum(len(ex.response_ids) for ex in examples)  # the whole step, all ranks
+        local = sorted(examples[self.rank::self.world], key=lambda e: -e.length)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        for mb in micro_batches(local, cfg.micro_batch_tokens):
+            for key, value in self.student.micro_step(mb, num_tokens, self.beta).items():
+                totals[key] = totals.get(key, 0.0) + value
+        if self.world > 1:
+            totals = self._all_reduce(totals)
+        norm = torch.nn.utils.clip_grad_norm_(self.student.params, cfg.max_grad_norm or float("inf"))
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        metrics: dict[str, Any] = {"step": self.step, **{k: round(v, 8) for k, v in sorted(totals.items())},
+                                   "grad_norm": round(float(norm), 8), "lr": lr, "tokens": num_tokens,
+                                   "records": len(examples), "records_read": self.consumed}
+        if cfg.loss == "shift":
+            from .losses import update_beta
+
+            metrics["beta"] = self.beta
+            self.beta = update_beta(self.beta, totals.get("weighted_shift", 0.0), eps=cfg.beta_eps)
+        seconds = time.perf_counter() - t0
+        metrics.update(step_time=round(seconds, 4), tokens_per_s=round(num_tokens / max(seconds, 1e-9), 1))
+        return metrics
+
+    def _all_reduce(self, totals: dict[str, float]) -> dict[str, float]:
+        """Sum gradients and metric contributions over ranks (each is a share of a global token mean)."""
+        import torch
+        import torch.distributed as dist
+
+        for p in self.student.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad)
+        keys = sorted(totals)
+        vec = torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.student.device)
+        dist.all_reduce(vec)
+        return dict(zip(keys, vec.tolist(), strict=True))
+
+
+def run(config, inputs: list[str], stdout=None) -> int:
+    """Train under the step budget; see the module docstring."""
+    from opd_common.cli_util import progress
+
+    stdout = stdout or sys.stdout
+    run_dir = prepare_run_dir(config, inputs)
+    trainer = Trainer(config, run_dir)
+    start = ckpt.latest(run_dir) if config.resume else None
+    if start is not None:
+        trainer.restore(start)
+        if trainer.step >= config.max_steps:
+            raise ConfigError(f"--resume: {run_dir} is complete ({start.name}, --max-steps {config.max_steps}); nothing to do")
+        log.info("resuming from %s (step %d, %d records read)", start.name, trainer.step, trainer.consumed)
+    if config.resume and trainer.rank == 0:
+        ckpt.truncate_metrics(run_dir, trainer.step)
+    items = itertools.islice(iter_inputs(inputs, check=True), trainer.consumed, None)
+    stream = StepBatches(items, config, _example_maker(config, trainer.tokenizer), trainer.consumed, trainer.pending)
+    metrics = None
+    with open(run_dir / ckpt.METRICS, "a") as metrics_file, \
+            progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
+        bar.update(trainer.step)
+        while trainer.step < config.max_steps:
+            examples = stream.next_batch()
+            trainer.consumed, trainer.pending = stream.consumed, stream.pending
+            if examples is None:
+                break
+            metrics = trainer.train_step(examples)
+            if trainer.rank == 0:
+                line = json.dumps(metrics)
+                metrics_file.write(line + "\n")
+                metrics_file.flush()
+                if config.metrics_stdout:
+                    stdout.write(line + "\n")
+                    stdout.flush()
+            bar.update(1)
+            bar.set_postfix(loss=f"{metrics['loss']:.4g}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+            if config.save_every and trainer.step % config.save_every == 0 or trainer.step == config.max_steps:
+                trainer.save(metrics)
+    if trainer.step < config.max_steps:
+        if trainer.step > trainer.last_saved:
+            trainer.save(metrics)
+        where = f"{ckpt.checkpoint_name(trainer.step)} saved" if trainer.step else "nothing saved"
+        message = (f"the input ended after {trainer.step} of --max-steps {config.max_steps} steps "
+                   f"({trainer.consumed} records read, {len(trainer.pending)} left in incomplete groups; {where})")
+        if not config.allow_short:
+            raise ShortInput(message + "; give more input and --resume, or pass --allow-short to accept a short run")
+        log.warning("%s (--allow-short)", message)
+    return 0
+
