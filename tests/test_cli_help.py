@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-BUILT = ["opd-rollout", "opd-score", "opd-train", "opd-cat"]
-UNBUILT = ["opd-eval", "opd-publish"]
+BUILT = ["opd-rollout", "opd-score", "opd-train", "opd-eval", "opd-cat"]
+UNBUILT = ["opd-publish"]
 
 
 def _script(name: str) -> str:

@@ -289,3 +289,22 @@ def test_metrics_stdout_and_stdin(scored, tiny_model, tmp_path):
     quiet = ok(train(*base_args(tiny_model, tmp_path / "run2", "--loss", "sft", "--max-steps", "1", "--batch-size", "4"),
                      input=scored.read_bytes()))
     assert quiet.stdout == ""
+
+
+@pytest.mark.slow
+def test_two_ranks_under_accelerate_launch_match_one_process(scored, tiny_model, tmp_path):
+    """accelerate launch --cpu --num_processes 2 (gloo): each rank trains on half of each step's records,
+    gradients and metric contributions are summed, so the metrics equal one process's."""
+    args = [*base_args(tiny_model, None, "--loss", "shift", "--max-steps", "2", "--batch-size", "8"), "--quiet", str(scored)]
+    ok(train(*args, "--out", str(tmp_path / "one")))
+    launcher = Path(sys.executable).with_name("accelerate")
+    done = subprocess.run([str(launcher), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "opd_train.cli", *args,
+                           "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert len(one) == len(two) == 2
+    for a, b in zip(one, two, strict=True):
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    assert (tmp_path / "two" / "latest").read_text() == "checkpoint-000002\n"

@@ -134,8 +134,9 @@ def normalize_answer(answer: str) -> str:
     """A canonical string for the fallback comparison (never used to decide 'wrong').
 
     Drops ``$``, spaces, ``\\left``/``\\right``, ``\\!``-style spacing, ``\\text{...}``-style
-    wrappers (keeping their contents), degree signs, a trailing unit word after a number and a
-    trailing period; ``\\dfrac``/``\\tfrac`` become ``\\frac`` and ``\\frac12`` becomes ``\\frac{1}{2}``.
+    wrappers (keeping their contents), degree signs, a trailing unit word after a number, a
+    trailing period and thousands separators in a number ('32,348' -> '32348');
+    ``\\dfrac``/``\\tfrac`` become ``\\frac`` and ``\\frac12`` becomes ``\\frac{1}{2}``.
     """
     s = _unwrap(answer)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
@@ -149,6 +150,8 @@ def normalize_answer(answer: str) -> str:
     s = re.sub(r"\\[!,;: ]|~", " ", s).replace("\\$", "").replace("$", "")
     s = _TRAILING_UNIT.sub("", s.strip())
     s = re.sub(r"\s+", "", s).rstrip(".")
+    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?", s):  # thousands separators: '32,348' (MATH's '\$32,\!348')
+        s = s.replace(",", "")
     s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
     return re.sub(r"\\sqrt(\d)", r"\\sqrt{\1}", s)
 

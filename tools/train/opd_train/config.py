@@ -87,5 +87,9 @@ class TrainConfig:
             raise ConfigError(f"--ratio-clip must be > 0, got {self.ratio_clip}")
         if self.self_teacher and self.loss != "fkl":
             raise ConfigError("--self-teacher goes with --loss fkl (the full-vocabulary forward KL)")
+        if not 0.5 <= self.beta_init <= 2.5:
+            raise ConfigError(f"--beta-init must be in [0.5, 2.5] (the adaptive coefficient's clamp), got {self.beta_init}")
+        if not 0 <= self.beta_eps < 1:
+            raise ConfigError(f"--beta-eps must be in [0, 1), got {self.beta_eps}")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")

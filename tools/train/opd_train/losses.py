@@ -135,6 +135,9 @@ def fkl(logits_NV: torch.Tensor, ids_NK: torch.Tensor, teacher_logp_NK: torch.Te
         floor = torch.finfo(torch.float32).min / 4  # finite: a full top-k (k = V) leaves an empty tail
         rest_NV = s_NV.scatter(-1, ids_NK, floor)
         student_NB = torch.cat([s_NK, torch.logsumexp(rest_NV, -1, keepdim=True)], -1) - log_z_N
+        if ids_NK.shape[-1] >= s_NV.shape[-1]:  # ids spanning the vocabulary: the tail is empty, not float32 dust
+            covered_N = torch.zeros_like(s_NV, dtype=torch.bool).scatter(-1, ids_NK, True).all(-1)
+            tail_mass_N = torch.where(covered_N, torch.zeros_like(tail_mass_N), tail_mass_N)
         teacher_NB = torch.cat([t_NK, tail_mass_N.log().unsqueeze(-1)], -1) / temperature
         teacher_NB = torch.log_softmax(teacher_NB, -1)
     else:

@@ -48,12 +48,17 @@ class Student:
             self.decoder = torch.compile(self.decoder)
             self.bucket = 128
         self.head = base.get_output_embeddings()
+        # bf16 base weights: run the fp32 LoRA weights' matmuls in bf16 too (mixed precision, fp32 master
+        # weights and optimizer state); without it peft upcasts every projection's input to fp32.
+        low = next(base.parameters()).dtype == torch.bfloat16 and str(device).startswith("cuda")
+        self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if low else contextlib.nullcontext
         self.params = [p for p in self.peft.parameters() if p.requires_grad]
 
     def hidden(self, batch: dict):
         """Decoder hidden states at the positions that predict response tokens: [N, H]."""
         ids = batch["ids_BL"].to(self.device)
-        h_BLH = self.decoder(input_ids=ids).last_hidden_state
+        with self.autocast():
+            h_BLH = self.decoder(input_ids=ids).last_hidden_state
         return h_BLH[batch["rows_N"].to(self.device), batch["cols_N"].to(self.device)]
 
     @contextlib.contextmanager
@@ -69,8 +74,9 @@ class Student:
         with self.base_weights():
             h = self.hidden(batch)
             targets = batch["targets_N"].to(self.device)
-            parts = [losses.token_logprobs(self.head(h[s:s + self.config.logit_chunk]), targets[s:s + self.config.logit_chunk])
-                     for s in range(0, h.shape[0], self.config.logit_chunk)]
+            chunk = self.config.logit_chunk
+            with self.autocast():
+                parts = [losses.token_logprobs(self.head(h[s:s + chunk]), targets[s:s + chunk]) for s in range(0, h.shape[0], chunk)]
         import torch
 
         return torch.cat(parts)
@@ -94,7 +100,8 @@ class Student:
         n = h_NH.shape[0]
         for start in range(0, n, cfg.logit_chunk):
             sl = slice(start, min(start + cfg.logit_chunk, n))
-            logits = self.head(h_detached[sl])
+            with self.autocast():
+                logits = self.head(h_detached[sl])
             out = self._loss(logits, {k: v[sl] for k, v in dev.items()}, {k: v[sl] for k, v in extra.items()},
                              num_tokens, beta)
             out.loss.backward()
@@ -113,7 +120,7 @@ class Student:
             return losses.rkl(logits_NV, tok["targets_N"], tok["behaviour_logp"], tok["advantage"], num_tokens,
                               ratio_clip=cfg.ratio_clip, teacher_logp_N=tok["teacher_logp"])
         if cfg.loss == "fkl" and cfg.self_teacher:
-            with self.base_weights():
+            with self.base_weights(), self.autocast():
                 teacher_logits = self.head(extra["teacher_h"])
             return losses.fkl_full(logits_NV, teacher_logits, num_tokens, temperature=cfg.loss_temperature, clip=cfg.kl_clip)
         if cfg.loss == "fkl":

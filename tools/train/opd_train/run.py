@@ -207,8 +207,14 @@ def run(config, inputs: list[str], stdout=None) -> int:
     from opd_common.cli_util import progress
 
     stdout = stdout or sys.stdout
-    run_dir = prepare_run_dir(config, inputs)
+    run_dir = Path(config.out)
+    if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch, rank 0 owns the run directory
+        prepare_run_dir(config, inputs)
     trainer = Trainer(config, run_dir)
+    if trainer.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
     start = ckpt.latest(run_dir) if config.resume else None
     if start is not None:
         trainer.restore(start)
