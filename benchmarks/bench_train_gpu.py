@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--variants", default="eager,compile,compile+ckpt")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--json")
+    parser.add_argument("--profile", help="write a torch.profiler table of one more step (top kernels) to this file")
     args = parser.parse_args()
 
     import numpy as np
@@ -95,6 +96,18 @@ def main() -> int:
                 row.update(step_seconds=round(seconds, 3), response_tokens_per_s=round(tps),
                            mfu=round(4 * params * tps / H200_BF16_FLOPS, 4), loss=m["loss"],
                            peak_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None)
+                if args.profile:
+                    from torch.profiler import ProfilerActivity, profile
+
+                    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if device == "cuda"
+                                 else [ProfilerActivity.CPU]) as prof:
+                        trainer.train_step(examples)
+                        if device == "cuda":
+                            torch.cuda.synchronize()
+                    sort = "cuda_time_total" if device == "cuda" else "cpu_time_total"
+                    with open(args.profile, "a") as f:
+                        f.write(f"== {variant} micro {micro}\n")
+                        f.write(prof.key_averages().table(sort_by=sort, row_limit=45, max_name_column_width=70) + "\n")
             except torch.OutOfMemoryError as exc:
                 row["error"] = f"out of memory: {str(exc).splitlines()[0]}"
             figures["runs"].append(row)

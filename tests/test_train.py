@@ -106,6 +106,24 @@ def test_resume_cannot_raise_the_budget_or_change_options(scored, tiny_model, tm
         f"Error: --out {run_dir} is not empty; use --resume to continue its run or --overwrite to replace it\n")
 
 
+def test_resume_refuses_other_inputs_than_the_run_read(scored, tiny_model, tmp_path):
+    """A resumed run skips the records it has read; given other inputs it would skip new data, so it refuses."""
+    lines = scored.read_bytes().splitlines(keepends=True)
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_bytes(b"".join(lines[:8]))
+    second.write_bytes(b"".join(lines[8:]))
+    run_dir = tmp_path / "run"
+    args = base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "4", "--batch-size", "4", "--allow-short")
+    ok(train(*args, str(first)))  # 2 steps, 8 records read
+    second_id = json.loads(lines[15])["id"]  # the 8th record of second.jsonl
+    last_id = json.loads(lines[7])["id"]
+    assert error_of(train(*args, "--resume", str(second))) == (
+        f"Error: --resume: record 8 of second.jsonl is {second_id!r}, but record 8 the run read was {last_id!r}; "
+        "pass the run's inputs again in the same order (new input after them)\n")
+    ok(train(*args, "--resume", str(first), str(second)))
+    assert [r["records_read"] for r in metrics(run_dir)] == [4, 8, 12, 16]
+
+
 # --------------------------------------------------------------------------- exact resume
 
 

@@ -28,7 +28,8 @@ def test_trained_checkpoint_serves_in_vllm_like_peft(tiny_model, tmp_path):
                           capture_output=True, timeout=900)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     served = parse(done.stdout)
-    assert len(served) == 4 and all(r["policy"]["adapter"] == str(checkpoint) for r in served)
+    assert len(served) == 4
+    assert all(r["policy"]["adapter"] == str(checkpoint) and r["policy"]["version"] == 4 for r in served)
     assert_aligned(load_model(tiny_model, checkpoint), served, k=5, top_k=20)  # vLLM + LoRA == peft, 1e-4
     base = load_model(tiny_model)
     gap = max(float(np.abs(chosen(torch.log_softmax(teacher_forced_logits(base, r), -1), r) - r["logprobs"]).max())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from opd_common.batching import batches
@@ -16,6 +19,15 @@ from .sampling import derive_seed
 log = logging.getLogger("opd-rollout")
 
 
+@functools.lru_cache(maxsize=8)
+def adapter_version(adapter: str | None) -> int:
+    """policy.version: the trainer step of an opd-train checkpoint (its trainer_state.json), else 0."""
+    state = Path(adapter) / "trainer_state.json" if adapter else None
+    if state is None or not state.is_file():
+        return 0
+    return int(json.loads(state.read_text()).get("step", 0))
+
+
 def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list[int], completion) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "schema": SCHEMA,
@@ -24,7 +36,8 @@ def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list
         "sample": sample,
         "group_size": config.n,
         "example": row.row,
-        "policy": {"model": config.model, "revision": config.revision, "adapter": config.adapter, "version": 0},
+        "policy": {"model": config.model, "revision": config.revision, "adapter": config.adapter,
+                   "version": adapter_version(config.adapter)},
         "sampling": {
             "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
             "max_tokens": config.max_tokens, "seed": seed, "engine": config.engine_name,

@@ -81,7 +81,7 @@ def save(run_dir: Path, step: int, student, tokenizer, state: dict[str, Any], su
     tmp = run_dir / f".{final.name}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    student.peft.save_pretrained(str(tmp))
+    student.peft.save_pretrained(str(tmp), save_embedding_layers=False)  # the vocabulary never changes
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     torch.save(state, tmp / "trainer_state.pt")

@@ -98,6 +98,7 @@ class StepBatches:
         self.config = config
         self.to_example = to_example
         self.consumed = consumed  # records read from the input so far
+        self.last_id: str | None = None  # id of the last one (checked again by --resume)
         self.pending: list[tuple[dict, Where]] = list(pending or [])  # read, not yet in a batch
 
     def next_batch(self) -> list[Example] | None:
@@ -111,6 +112,7 @@ class StepBatches:
             if item is None:
                 return None
             self.consumed += 1
+            self.last_id = item[0].get("id")
             self.pending.append(item)
 
     def _take_full(self) -> list[tuple[dict, Where]] | None:

@@ -8,7 +8,6 @@ and at the end. Exactly --max-steps steps; --resume continues from `latest`.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -122,13 +121,14 @@ class Trainer:
         self.step = 0
         self.beta = config.beta_init
         self.consumed = 0
+        self.last_id: str | None = None
         self.pending: list[tuple[dict, Where]] = []
         self.last_saved = 0
 
     # ------------------------------------------------------------------ state
 
     def state(self) -> dict[str, Any]:
-        return {"step": self.step, "beta": self.beta, "consumed": self.consumed,
+        return {"step": self.step, "beta": self.beta, "consumed": self.consumed, "last_id": self.last_id,
                 "pending": [(encode(rec), where.source, where.number) for rec, where in self.pending],
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "rng": ckpt.rng_state()}
@@ -139,6 +139,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         ckpt.set_rng_state(state["rng"])
         self.step, self.beta, self.consumed = state["step"], state["beta"], state["consumed"]
+        self.last_id = state.get("last_id")
         self.pending = [(decode_line(line, f"record {n} of {src}"), Where(src, n)) for line, src, n in state["pending"]]
         self.last_saved = self.step
         from opd_common.records import normalize
@@ -202,6 +203,24 @@ class Trainer:
         return dict(zip(keys, vec.tolist(), strict=True))
 
 
+def skip_read(items, consumed: int, last_id: str | None):
+    """The input after the `consumed` records a resumed run has read, checking they are the same records."""
+    count = 0
+    for rec, where in items:
+        count += 1
+        if count < consumed:
+            continue
+        if count == consumed:
+            if last_id is not None and rec.get("id") != last_id:
+                raise ConfigError(f"--resume: {where} is {rec.get('id')!r}, but record {consumed} the run read was "
+                                  f"{last_id!r}; pass the run's inputs again in the same order (new input after them)")
+            continue
+        yield rec, where
+    if count < consumed:
+        raise ConfigError(f"--resume: the inputs hold {count} records, but the run has already read {consumed}; "
+                          "pass the run's inputs again in the same order (new input after them)")
+
+
 def run(config, inputs: list[str], stdout=None) -> int:
     """Train under the step budget; see the module docstring."""
     from opd_common.cli_util import progress
@@ -223,15 +242,16 @@ def run(config, inputs: list[str], stdout=None) -> int:
         log.info("resuming from %s (step %d, %d records read)", start.name, trainer.step, trainer.consumed)
     if config.resume and trainer.rank == 0:
         ckpt.truncate_metrics(run_dir, trainer.step)
-    items = itertools.islice(iter_inputs(inputs, check=True), trainer.consumed, None)
+    items = skip_read(iter_inputs(inputs, check=True), trainer.consumed, trainer.last_id)
     stream = StepBatches(items, config, _example_maker(config, trainer.tokenizer), trainer.consumed, trainer.pending)
+    stream.last_id = trainer.last_id
     metrics = None
     with open(run_dir / ckpt.METRICS, "a") as metrics_file, \
             progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
         bar.update(trainer.step)
         while trainer.step < config.max_steps:
             examples = stream.next_batch()
-            trainer.consumed, trainer.pending = stream.consumed, stream.pending
+            trainer.consumed, trainer.pending, trainer.last_id = stream.consumed, stream.pending, stream.last_id
             if examples is None:
                 break
             metrics = trainer.train_step(examples)
