@@ -326,3 +326,25 @@ def test_two_ranks_under_accelerate_launch_match_one_process(scored, tiny_model,
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
     assert (tmp_path / "two" / "latest").read_text() == "checkpoint-000002\n"
+
+
+def test_publish_each_checkpoint_as_it_is_saved_and_stop_when_it_fails(scored, tiny_model, tmp_path):
+    mirror = tmp_path / "mirror"
+    run_dir = tmp_path / "run"
+    ok(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--batch-size", "4", "--save-every", "1",
+                        "--publish", f"file://{mirror}"), str(scored)))
+    index = json.loads((mirror / "checkpoint_index.json").read_text())
+    assert sorted(c["step"] for c in index["checkpoints"]) == [1, 2]
+    assert adapter_bytes(mirror / "checkpoint-000002") == adapter_bytes(run_dir / "checkpoint-000002")
+
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the mirror should be\n")
+    failing = tmp_path / "failing"
+    result = train(*base_args(tiny_model, failing, "--loss", "sft", "--max-steps", "2", "--batch-size", "4",
+                              "--save-every", "1", "--publish", f"file://{blocked}"), str(scored))
+    message = error_of(result)
+    assert message.startswith(f"Error: --publish file://{blocked}: checkpoint-000001 was saved locally but not "
+                              "published, so the run stops: "), message
+    assert message.endswith(f"`opd-publish push {failing} --repo file://{blocked}` and --resume\n"), message
+    assert [r["step"] for r in metrics(failing)] == [1]  # stopped at the first checkpoint
+    assert (failing / "latest").read_text() == "checkpoint-000001\n"

@@ -49,6 +49,8 @@ class TrainConfig:
     max_grad_norm: float | None = opt(1.0, "Clip the global gradient norm (0 = off).")
     # run
     save_every: int | None = opt(None, "Checkpoint every N steps (and always at the end).")
+    publish: str | None = opt(None, "Publish each checkpoint as it is saved (opd-publish push to hf://ORG/NAME or "
+                                    "file:///DIR); a failed or unverified publish stops the run.")
     resume: bool = opt(False, "Continue the run in --out from its latest checkpoint (same options).")
     overwrite: bool = opt(False, "Replace an earlier run in --out.")
     seed: int = opt(0, "Seed for LoRA initialization and dropout.")

@@ -28,11 +28,15 @@ from .data import StepBatches, make_example, micro_batches
 log = logging.getLogger("opd-train")
 
 # options that may differ between a run and its --resume
-NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device"}
+NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device", "publish"}
 
 
 class ShortInput(OpdError):
     """The input ended before --max-steps."""
+
+
+class PublishFailed(OpdError):
+    """--publish could not publish (and verify) a checkpoint."""
 
 
 def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
@@ -154,6 +158,21 @@ class Trainer:
                    "complete": self.step >= self.config.max_steps, "beta": self.beta, "metrics": metrics}
         path = ckpt.save(self.run_dir, self.step, self.student, self.tokenizer, self.state(), summary)
         log.info("saved %s", path)
+        if self.config.publish:
+            self.publish()
+
+    def publish(self) -> None:
+        """Push the checkpoint just saved (verified before it is indexed); a failure stops the run."""
+        from opd_publish.publish import push
+        from opd_publish.targets import parse_target
+
+        try:
+            results = push(self.run_dir, parse_target(self.config.publish, quiet=True), checkpoints=str(self.step))
+        except OpdError as exc:
+            raise PublishFailed(f"--publish {self.config.publish}: {ckpt.checkpoint_name(self.step)} was saved "
+                                f"locally but not published, so the run stops: {exc}; fix the target, then "
+                                f"`opd-publish push {self.run_dir} --repo {self.config.publish}` and --resume") from None
+        log.info("published %s: %s", ckpt.checkpoint_name(self.step), results[0].get("status"))
 
     # ------------------------------------------------------------------ one step
 
