@@ -348,3 +348,65 @@ def test_publish_each_checkpoint_as_it_is_saved_and_stop_when_it_fails(scored, t
     assert message.endswith(f"`opd-publish push {failing} --repo file://{blocked}` and --resume\n"), message
     assert [r["step"] for r in metrics(failing)] == [1]  # stopped at the first checkpoint
     assert (failing / "latest").read_text() == "checkpoint-000001\n"
+
+
+# --------------------------------------------------------------------------- grpo / dapo
+
+
+def with_rewards(scored: Path, out: Path, correct_by_group: dict[int, list[int]]) -> Path:
+    """The scored records with a reward block: group g's samples get correct_by_group[g] (reward = correct)."""
+    groups: list[str] = []
+    lines = []
+    for line in scored.read_bytes().splitlines():
+        rec = json.loads(line)
+        if rec["prompt_id"] not in groups:
+            groups.append(rec["prompt_id"])
+        c = correct_by_group[groups.index(rec["prompt_id"])][rec["sample"]]
+        rec["reward"] = {"correct": c, "format_ok": True, "stop_ok": True, "length_penalty": 0.0, "total": float(c),
+                         "verifier": "math", "extracted": "1", "reason": "match" if c else "mismatch"}
+        lines.append(json.dumps(rec))
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+MIXED = {0: [1, 0], 1: [0, 0], 2: [1, 1], 3: [0, 1], 4: [1, 0], 5: [0, 0], 6: [1, 0], 7: [0, 1]}
+
+
+def test_dapo_drops_uniform_groups_and_its_first_step_is_the_hand_computed_surrogate(scored, tiny_model, tmp_path):
+    """Groups 1, 2 (all wrong / all right) and 5 are dropped and counted; on the first step the ratio is 1
+    (records sampled by this model), so the loss is -sum_i A_i T_i / sum_i T_i with A = +-1/sqrt(2)/(1+1e-6)."""
+    path = with_rewards(scored, tmp_path / "rewarded.jsonl", MIXED)
+    run_dir = tmp_path / "run"
+    ok(train(*base_args(tiny_model, run_dir, "--loss", "dapo", "--max-steps", "2", "--batch-groups", "2"), str(path)))
+    rows = metrics(run_dir)
+    assert [(r["groups_read"], r["groups_dropped"], r["records"]) for r in rows] == [(4, 2, 4), (3, 1, 4)]
+    assert {"pg", "ratio", "clip_frac", "dual_clip_frac", "advantage"} <= set(rows[0])
+    from opd_common.streams import iter_inputs
+
+    recs = [rec for rec, _ in iter_inputs([str(path)])]  # decoded (response_ids may be packed in the file)
+    first = [r for r in recs if r["prompt_id"] in {recs[0]["prompt_id"], recs[6]["prompt_id"]}]
+    a = 1 / np.sqrt(2) / (1 + 1e-6)
+    expected = -sum((a if r["reward"]["correct"] else -a) * len(r["response_ids"]) for r in first) / sum(
+        len(r["response_ids"]) for r in first)
+    assert rows[0]["loss"] == pytest.approx(expected, abs=1e-4)
+    assert rows[0]["ratio"] == pytest.approx(1.0, abs=1e-4) and rows[0]["clip_frac"] == 0
+
+
+def test_dynamic_sampling_bound_fails_the_step_cleanly(scored, tiny_model, tmp_path):
+    path = with_rewards(scored, tmp_path / "uniform.jsonl", {g: [1, 1] for g in range(8)})
+    result = train(*base_args(tiny_model, tmp_path / "run", "--loss", "dapo", "--max-steps", "1", "--batch-groups", "2",
+                              "--max-candidate-batches", "2"), str(path))
+    assert error_of(result) == (
+        f"Error: dynamic sampling dropped 4 complete groups (all correct or all wrong) without filling this step's 2 "
+        "(--max-candidate-batches 2); the step is not trained. Sample prompts of mixed difficulty or more samples "
+        "per group, or raise the bound, then --resume\n")
+    assert not (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_grpo_needs_groups_and_rewards(scored, tiny_model, tmp_path):
+    assert error_of(train(*base_args(tiny_model, tmp_path / "a", "--loss", "grpo", "--max-steps", "1", "--batch-size", "2"),
+                          str(scored))) == (
+        "Error: --loss grpo needs --batch-groups (advantages are normalized within groups)\n")
+    assert error_of(train(*base_args(tiny_model, tmp_path / "b", "--loss", "grpo", "--max-steps", "1", "--batch-groups", "1"),
+                          str(scored))) == (
+        f"Error: record 1 of {scored.name}: no reward.total, which --loss grpo reads; score with opd-score --reward math\n")

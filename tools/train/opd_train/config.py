@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from opd_common.config import opt
 from opd_common.errors import ConfigError
 
-LOSSES = ("sft", "rkl", "fkl", "shift")
+LOSSES = ("sft", "rkl", "fkl", "shift", "grpo", "dapo")
 DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -34,6 +34,15 @@ class TrainConfig:
     self_teacher: str | None = opt(None, "fkl: teacher = the base weights (adapter off) on this prompt template "
                                          "(opsd, student or a file), full-vocabulary KL; no teacher data needed.")
     self_teacher_thinking: str = opt("on", "enable_thinking for the self-teacher's prompt.", choices=("on", "off"))
+    clip_low: float = opt(0.2, "grpo/dapo: lower clip of the importance ratio (1 - clip_low).")
+    clip_high: float | None = opt(None, "grpo/dapo: upper clip (1 + clip_high) [default: 0.28 for dapo (clip-higher), "
+                                        "clip_low for grpo].")
+    dual_clip: float | None = opt(10.0, "grpo/dapo: dual clip c for negative advantages (0 = off).")
+    kl_coef: float = opt(0.0, "grpo/dapo: coefficient of the k3 KL to the base model (adapter off); 0 = none.")
+    dynamic_sampling: bool | None = opt(None, "grpo/dapo: drop groups whose correctness is all equal and read more "
+                                              "[default: on for dapo, off for grpo].")
+    max_candidate_batches: int = opt(10, "dynamic sampling: fail the step (resume later) after reading this many "
+                                         "batches' worth of groups without filling it.")
     beta_init: float = opt(2.5, "shift: initial coefficient of the k3 KL to the initial student.")
     beta_eps: float = opt(0.01, "shift: multiplicative step of the adaptive coefficient.")
     # LoRA
@@ -89,6 +98,23 @@ class TrainConfig:
             raise ConfigError(f"--ratio-clip must be > 0, got {self.ratio_clip}")
         if self.self_teacher and self.loss != "fkl":
             raise ConfigError("--self-teacher goes with --loss fkl (the full-vocabulary forward KL)")
+        if self.loss in ("grpo", "dapo"):
+            if self.batch_groups is None:
+                raise ConfigError(f"--loss {self.loss} needs --batch-groups (advantages are normalized within groups)")
+            if self.clip_high is None:
+                self.clip_high = 0.28 if self.loss == "dapo" else self.clip_low
+            if self.dynamic_sampling is None:
+                self.dynamic_sampling = self.loss == "dapo"
+        for name in ("clip_low", "clip_high", "kl_coef"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
+        if self.dual_clip == 0:
+            self.dual_clip = None
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ConfigError(f"--dual-clip must be > 1 (or 0 = off), got {self.dual_clip}")
+        if self.max_candidate_batches < 1:
+            raise ConfigError(f"--max-candidate-batches must be >= 1, got {self.max_candidate_batches}")
         if not 0.5 <= self.beta_init <= 2.5:
             raise ConfigError(f"--beta-init must be in [0.5, 2.5] (the adaptive coefficient's clamp), got {self.beta_init}")
         if not 0 <= self.beta_eps < 1:

@@ -28,6 +28,7 @@ class Example:
     response_ids: np.ndarray  # int [T]
     tokens: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [T] or [T, k]
     teacher_context: np.ndarray | None = None  # int [P']: self-teacher prompt
+    reward: float | None = None  # grpo/dapo: reward.total
 
     @property
     def length(self) -> int:
@@ -77,6 +78,12 @@ def make_example(rec: dict, where: Where, config, teacher_render=None) -> Exampl
             raise RecordError(f"{where}: teachers.{name} has no topk_ids/topk_logprobs, which --loss fkl reads; "
                               "score with opd-score --topk K or --at-student-topk, or use --self-teacher")
         ex.tokens.update(ids=np.asarray(block["topk_ids"], np.int64), teacher_logp=np.asarray(block["topk_logprobs"], np.float32))
+    elif loss in ("grpo", "dapo"):
+        reward = rec.get("reward")
+        if not isinstance(reward, dict) or not isinstance(reward.get("total"), (int, float)):
+            raise RecordError(f"{where}: no reward.total, which --loss {loss} reads; score with opd-score --reward math")
+        ex.reward = float(reward["total"])
+        ex.tokens["behaviour_logp"] = np.asarray(rec["logprobs"], np.float32)
     elif loss == "shift":
         shift = rec.get("shift")
         if not shift:
@@ -99,6 +106,8 @@ class StepBatches:
         self.to_example = to_example
         self.consumed = consumed  # records read from the input so far
         self.last_id: str | None = None  # id of the last one (checked again by --resume)
+        self.groups_dropped = 0  # dynamic sampling: groups dropped while filling the current batch
+        self.last_stats: dict[str, int] = {}  # of the batch last returned
         self.pending: list[tuple[dict, Where]] = list(pending or [])  # read, not yet in a batch
 
     def next_batch(self) -> list[Example] | None:
@@ -107,7 +116,17 @@ class StepBatches:
         while True:
             batch = self._take_full()
             if batch is not None:
+                if getattr(cfg, "dynamic_sampling", False):
+                    self.last_stats = {"groups_read": self.groups_dropped + cfg.batch_groups,
+                                       "groups_dropped": self.groups_dropped}
+                    self.groups_dropped = 0
                 return [self.to_example(rec, where) for rec, where in batch]
+            limit = cfg.max_candidate_batches * (cfg.batch_groups or 0)
+            if getattr(cfg, "dynamic_sampling", False) and self.groups_dropped >= limit:
+                raise RecordError(f"dynamic sampling dropped {self.groups_dropped} complete groups (all correct or all "
+                                  f"wrong) without filling this step's {cfg.batch_groups} (--max-candidate-batches "
+                                  f"{cfg.max_candidate_batches}); the step is not trained. Sample prompts of mixed "
+                                  "difficulty or more samples per group, or raise the bound, then --resume")
             item = next(self.items, None)
             if item is None:
                 return None
@@ -126,6 +145,8 @@ class StepBatches:
         for i, (rec, _) in enumerate(self.pending):
             groups.setdefault(rec["prompt_id"], []).append(i)
         complete = [ids for ids in groups.values() if len(ids) >= _group_size(self.pending[ids[0]])]
+        if getattr(cfg, "dynamic_sampling", False):
+            complete = self._drop_uniform(complete)
         if len(complete) < cfg.batch_groups:
             return None
         chosen = sorted(i for ids in complete[:cfg.batch_groups] for i in ids[:_group_size(self.pending[ids[0]])])
@@ -133,6 +154,34 @@ class StepBatches:
         batch = [self.pending[i] for i in chosen]
         self.pending = [item for i, item in enumerate(self.pending) if i not in taken]
         return batch
+
+
+    def _drop_uniform(self, complete: list[list[int]]) -> list[list[int]]:
+        """Drop complete groups whose correctness is all equal (counted); return the kept ones."""
+        from .losses import dynamic_sampling_keep
+
+        kept, drop = [], set()
+        for ids in complete:
+            ids = ids[:_group_size(self.pending[ids[0]])]
+            if dynamic_sampling_keep([_correct(self.pending[i]) for i in ids]):
+                kept.append(ids)
+            else:
+                self.groups_dropped += 1
+                drop.update(ids)
+        if drop:
+            kept_idx = {i for ids in kept for i in ids}
+            order = {old: new for new, old in enumerate(i for i in range(len(self.pending)) if i not in drop)}
+            self.pending = [item for i, item in enumerate(self.pending) if i not in drop]
+            kept = [[order[i] for i in ids] for ids in kept if set(ids) <= kept_idx]
+        return kept
+
+
+def _correct(item: tuple[dict, Where]) -> float:
+    rec, where = item
+    reward = rec.get("reward")
+    if not isinstance(reward, dict) or reward.get("correct") is None:
+        raise RecordError(f"{where}: no reward.correct, which dynamic sampling reads; score with opd-score --reward math")
+    return reward["correct"]
 
 
 def _group_size(item: tuple[dict, Where]) -> int:

@@ -202,3 +202,57 @@ def update_beta(beta: float, mean_weighted_shift: float, eps: float = 0.01, low:
     elif mean_weighted_shift > 0:
         beta *= 1.0 + eps
     return min(max(beta, low), high)
+
+
+def group_advantages(rewards_G: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO/DAPO advantages of one group: A_i = (R_i - mean_g R) / (std_g R + eps), std the unbiased
+    sample standard deviation (divisor G - 1); a group of one gets 0."""
+    r_G = rewards_G.double()
+    if r_G.numel() < 2:
+        return torch.zeros_like(r_G, dtype=torch.float32)
+    return ((r_G - r_G.mean()) / (r_G.std() + eps)).float()
+
+
+def dynamic_sampling_keep(correct_G) -> bool:
+    """DAPO dynamic sampling: keep a group unless its correctness is all equal (all 0 or all 1)."""
+    return len(set(float(c) for c in correct_G)) > 1
+
+
+def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
+             advantage_N: torch.Tensor, num_tokens: int, *, clip_low: float = 0.2, clip_high: float = 0.28,
+             dual_clip: float | None = 10.0, ref_logp_N: torch.Tensor | None = None, kl_coef: float = 0.0) -> LossOutput:
+    """GRPO/DAPO clipped surrogate (PPO with clip-higher and dual clip) plus an optional k3 KL.
+
+    r_t = exp(log p_S(y_t) - log p_S_old(y_t)), A_t the group advantage of the token's response;
+    pg1_t = max(-A_t r_t, -A_t clamp(r_t, 1 - clip_low, 1 + clip_high));
+    pg_t = min(pg1_t, -A_t c) when A_t < 0 (dual clip c), else pg1_t;
+    loss = sum_t pg_t / #tokens + kl_coef * sum_t k3_t / #tokens,  k3_t = exp(D_t) - D_t - 1,
+    D_t = log p_ref(y_t) - log p_S(y_t) (the base model, adapter disabled).
+    Clamped or dual-clipped tokens have no gradient. Metrics: pg, ratio, clip_frac, dual_clip_frac,
+    advantage, k3 (with ref_logp_N).
+    """
+    logp_N = token_logprobs(logits_NV, targets_N)
+    a_N = advantage_N.float().detach()
+    ratio_N = torch.exp(logp_N - behaviour_logp_N.float().detach())
+    unclipped_N = -a_N * ratio_N
+    clipped_N = -a_N * ratio_N.clamp(1.0 - clip_low, 1.0 + clip_high)
+    pg1_N = torch.maximum(unclipped_N, clipped_N)
+    clip_active_N = (clipped_N > unclipped_N).detach()
+    pg_N = pg1_N
+    dual_active_N = torch.zeros_like(clip_active_N)
+    if dual_clip is not None:
+        cap_N = -a_N * dual_clip
+        dual_active_N = ((a_N < 0) & (pg1_N > cap_N)).detach()
+        pg_N = torch.where(dual_active_N, cap_N, pg1_N)
+    pg = pg_N.sum() / num_tokens
+    loss = pg
+    metrics = {"pg": pg.detach(), "ratio": ratio_N.detach().sum() / num_tokens,
+               "clip_frac": clip_active_N.float().sum() / num_tokens,
+               "dual_clip_frac": dual_active_N.float().sum() / num_tokens, "advantage": a_N.sum() / num_tokens}
+    if ref_logp_N is not None:
+        d_N = ref_logp_N.float().detach() - logp_N
+        k3 = (torch.exp(d_N) - d_N - 1).sum() / num_tokens
+        if kl_coef:
+            loss = loss + kl_coef * k3
+        metrics["k3"] = k3.detach()
+    return LossOutput(loss, metrics)

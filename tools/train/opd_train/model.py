@@ -89,7 +89,7 @@ class Student:
         batch = collate(examples, bucket=self.bucket)
         dev = {k: v.to(self.device) for k, v in batch.items() if k not in ("ids_BL",)}
         extra = {}
-        if cfg.loss == "shift":
+        if cfg.loss == "shift" or (cfg.loss in ("grpo", "dapo") and cfg.kl_coef):
             extra["ref_logp"] = self.reference_logprobs(batch)
         if cfg.loss == "fkl" and cfg.self_teacher:
             with self.base_weights():
@@ -119,6 +119,10 @@ class Student:
         if cfg.loss == "rkl":
             return losses.rkl(logits_NV, tok["targets_N"], tok["behaviour_logp"], tok["advantage"], num_tokens,
                               ratio_clip=cfg.ratio_clip, teacher_logp_N=tok["teacher_logp"])
+        if cfg.loss in ("grpo", "dapo"):
+            return losses.ppo_clip(logits_NV, tok["targets_N"], tok["behaviour_logp"], tok["advantage"], num_tokens,
+                                   clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
+                                   ref_logp_N=extra.get("ref_logp"), kl_coef=cfg.kl_coef)
         if cfg.loss == "fkl" and cfg.self_teacher:
             with self.base_weights(), self.autocast():
                 teacher_logits = self.head(extra["teacher_h"])

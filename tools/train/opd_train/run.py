@@ -96,6 +96,22 @@ def _example_maker(config, tokenizer):
     return lambda rec, where: make_example(rec, where, config, render)
 
 
+def set_group_advantages(examples) -> None:
+    """grpo/dapo: every token of a response gets its group's normalized reward (losses.group_advantages)."""
+    import numpy as np
+    import torch
+
+    from .losses import group_advantages
+
+    groups: dict[str, list] = {}
+    for ex in examples:
+        groups.setdefault(ex.prompt_id, []).append(ex)
+    for members in groups.values():
+        adv_G = group_advantages(torch.tensor([ex.reward for ex in members], dtype=torch.float64))
+        for ex, a in zip(members, adv_G.tolist(), strict=True):
+            ex.tokens["advantage"] = np.full(len(ex.response_ids), a, np.float32)
+
+
 class Trainer:
     def __init__(self, config, run_dir: Path):
         self.setup(config, run_dir)
@@ -182,6 +198,8 @@ class Trainer:
         cfg = self.config
         t0 = time.perf_counter()
         num_tokens = sum(len(ex.response_ids) for ex in examples)  # the whole step, all ranks
+        if cfg.loss in ("grpo", "dapo"):
+            set_group_advantages(examples)
         local = sorted(examples[self.rank::self.world], key=lambda e: -e.length)
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
@@ -269,11 +287,18 @@ def run(config, inputs: list[str], stdout=None) -> int:
             progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
         bar.update(trainer.step)
         while trainer.step < config.max_steps:
-            examples = stream.next_batch()
+            try:
+                examples = stream.next_batch()
+            except OpdError:  # e.g. dynamic sampling ran out of candidates: keep what was trained
+                trainer.consumed, trainer.pending, trainer.last_id = stream.consumed, stream.pending, stream.last_id
+                if trainer.step > trainer.last_saved:
+                    trainer.save(metrics)
+                raise
             trainer.consumed, trainer.pending, trainer.last_id = stream.consumed, stream.pending, stream.last_id
             if examples is None:
                 break
             metrics = trainer.train_step(examples)
+            metrics.update(stream.last_stats)
             if trainer.rank == 0:
                 line = json.dumps(metrics)
                 metrics_file.write(line + "\n")
