@@ -410,3 +410,20 @@ def test_grpo_needs_groups_and_rewards(scored, tiny_model, tmp_path):
     assert error_of(train(*base_args(tiny_model, tmp_path / "b", "--loss", "grpo", "--max-steps", "1", "--batch-groups", "1"),
                           str(scored))) == (
         f"Error: record 1 of {scored.name}: no reward.total, which --loss grpo reads; score with opd-score --reward math\n")
+
+
+@pytest.mark.parametrize("batching", [["--batch-size", "4"], ["--batch-groups", "2"]])
+def test_max_staleness_drops_records_of_old_policies(scored, tiny_model, tmp_path, batching):
+    """Records 1-4 come from version 0, 5-8 from version 0 too (stale for step 2 with S = 0), 9-12 from version 1."""
+    lines = []
+    for i, line in enumerate(scored.read_bytes().splitlines()[:12]):
+        rec = json.loads(line)
+        rec["policy"]["version"] = 0 if i < 8 else 1
+        lines.append(json.dumps(rec))
+    path = tmp_path / "versions.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run_dir = tmp_path / "run"
+    ok(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--max-staleness", "0", *batching),
+             str(path)))
+    rows = metrics(run_dir)
+    assert [(r["records"], r["records_read"], r["records_stale"]) for r in rows] == [(4, 4, 0), (4, 12, 4)]

@@ -43,6 +43,8 @@ class TrainConfig:
                                               "[default: on for dapo, off for grpo].")
     max_candidate_batches: int = opt(10, "dynamic sampling: fail the step (resume later) after reading this many "
                                          "batches' worth of groups without filling it.")
+    max_staleness: int | None = opt(None, "Drop records sampled by a policy more than S versions (steps) behind "
+                                          "the trainer (policy.version < step - S; whole groups with --batch-groups).")
     beta_init: float = opt(2.5, "shift: initial coefficient of the k3 KL to the initial student.")
     beta_eps: float = opt(0.01, "shift: multiplicative step of the adaptive coefficient.")
     # LoRA
@@ -113,6 +115,8 @@ class TrainConfig:
             self.dual_clip = None
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ConfigError(f"--dual-clip must be > 1 (or 0 = off), got {self.dual_clip}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"--max-staleness must be >= 0, got {self.max_staleness}")
         if self.max_candidate_batches < 1:
             raise ConfigError(f"--max-candidate-batches must be >= 1, got {self.max_candidate_batches}")
         if not 0.5 <= self.beta_init <= 2.5:

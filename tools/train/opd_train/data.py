@@ -108,6 +108,8 @@ class StepBatches:
         self.last_id: str | None = None  # id of the last one (checked again by --resume)
         self.groups_dropped = 0  # dynamic sampling: groups dropped while filling the current batch
         self.last_stats: dict[str, int] = {}  # of the batch last returned
+        self.step = 0  # the trainer's step (policy version) the next batch trains; set by the trainer
+        self.stale = 0  # records dropped by --max-staleness while filling the current batch
         self.pending: list[tuple[dict, Where]] = list(pending or [])  # read, not yet in a batch
 
     def next_batch(self) -> list[Example] | None:
@@ -116,8 +118,10 @@ class StepBatches:
         while True:
             batch = self._take_full()
             if batch is not None:
+                self.last_stats = {"records_stale": self.stale} if cfg.max_staleness is not None else {}
+                self.stale = 0
                 if getattr(cfg, "dynamic_sampling", False):
-                    self.last_stats = {"groups_read": self.groups_dropped + cfg.batch_groups,
+                    self.last_stats |= {"groups_read": self.groups_dropped + cfg.batch_groups,
                                        "groups_dropped": self.groups_dropped}
                     self.groups_dropped = 0
                 return [self.to_example(rec, where) for rec, where in batch]
@@ -132,6 +136,9 @@ class StepBatches:
                 return None
             self.consumed += 1
             self.last_id = item[0].get("id")
+            if cfg.batch_size is not None and self._is_stale(item[0]):
+                self.stale += 1
+                continue
             self.pending.append(item)
 
     def _take_full(self) -> list[tuple[dict, Where]] | None:
@@ -145,6 +152,8 @@ class StepBatches:
         for i, (rec, _) in enumerate(self.pending):
             groups.setdefault(rec["prompt_id"], []).append(i)
         complete = [ids for ids in groups.values() if len(ids) >= _group_size(self.pending[ids[0]])]
+        if cfg.max_staleness is not None:
+            complete = self._drop(complete, lambda ids: any(self._is_stale(self.pending[i][0]) for i in ids), "stale")
         if getattr(cfg, "dynamic_sampling", False):
             complete = self._drop_uniform(complete)
         if len(complete) < cfg.batch_groups:
@@ -156,18 +165,30 @@ class StepBatches:
         return batch
 
 
+    def _is_stale(self, rec: dict) -> bool:
+        version = (rec.get("policy") or {}).get("version") or 0
+        return self.config.max_staleness is not None and version < self.step - self.config.max_staleness
+
     def _drop_uniform(self, complete: list[list[int]]) -> list[list[int]]:
         """Drop complete groups whose correctness is all equal (counted); return the kept ones."""
         from .losses import dynamic_sampling_keep
 
+        return self._drop(complete, lambda ids: not dynamic_sampling_keep([_correct(self.pending[i]) for i in ids]),
+                          "uniform")
+
+    def _drop(self, complete: list[list[int]], bad, why: str) -> list[list[int]]:
+        """Remove the complete groups for which bad(ids) holds from pending (counted); return the others."""
         kept, drop = [], set()
         for ids in complete:
             ids = ids[:_group_size(self.pending[ids[0]])]
-            if dynamic_sampling_keep([_correct(self.pending[i]) for i in ids]):
+            if not bad(ids):
                 kept.append(ids)
+                continue
+            if why == "stale":
+                self.stale += len(ids)
             else:
                 self.groups_dropped += 1
-                drop.update(ids)
+            drop.update(ids)
         if drop:
             kept_idx = {i for ids in kept for i in ids}
             order = {old: new for new, old in enumerate(i for i in range(len(self.pending)) if i not in drop)}

@@ -287,6 +287,7 @@ def run(config, inputs: list[str], stdout=None) -> int:
             progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
         bar.update(trainer.step)
         while trainer.step < config.max_steps:
+            stream.step = trainer.step
             try:
                 examples = stream.next_batch()
             except OpdError:  # e.g. dynamic sampling ran out of candidates: keep what was trained
