@@ -29,6 +29,11 @@ class RolloutConfig:
     template: str = opt(DEFAULT_TEMPLATE, "User message: a Python format string over the row's fields, or @FILE.")
     topk_logprobs: int = opt(0, "Also record the behaviour policy's top-k ids and log-probs per token.")
     limit: int | None = opt(None, "Read at most this many prompts.")
+    follow: str | None = opt(None, "On-policy loop: an opd-train run dir (--save-every 1); before each batch of "
+                                   "--batch-prompts prompts, wait for its trainer and sample with its newest checkpoint.")
+    max_lag: int = opt(0, "--follow: batches this rollout may run ahead of the trainer (0 = strictly on-policy).")
+    follow_timeout: float = opt(3600.0, "--follow: seconds to wait for the trainer before giving up.")
+    max_lora_rank: int = opt(64, "--follow with vLLM: the largest LoRA rank the engine accepts.")
     max_model_len: int | None = opt(None, "vllm: maximum sequence length (prompt + response).")
     gpu_memory_utilization: float | None = opt(None, "vllm: fraction of GPU memory (of CPU RAM on CPU) [default: 0.9 GPU, 0.2 CPU].")
     tp: int = opt(1, "vllm: tensor-parallel size.")
@@ -67,6 +72,10 @@ class RolloutConfig:
         for name in ("batch_size", "batch_prompts", "shard_size", "tp", "dp"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.follow and self.adapter:
+            raise ConfigError("--follow loads the run's newest checkpoint itself; drop --adapter")
+        if self.max_lag < 0:
+            raise ConfigError(f"--max-lag must be >= 0, got {self.max_lag}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.template.startswith("@"):

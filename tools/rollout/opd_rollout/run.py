@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from opd_common.batching import batches
+from opd_common.errors import OpdError
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
 from opd_common.streams import InputSource
 
@@ -71,8 +72,11 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
     config.engine_name = engine.name
     thinking = config.thinking == "on"
     t0, tokens, samples = time.perf_counter(), 0, 0
+    follower = Follower(config) if config.follow else None
     with progress(None, "sample", config.quiet, "opd-rollout") as bar:
         for batch in batches(rows, config.batch_prompts):
+            if follower is not None and not follower.before_batch(engine):
+                break
             requests, keys = [], []
             for row in batch:
                 message = render_message(config.template, row.row, config.prompt_field, row.where)
@@ -94,6 +98,53 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
     if owns_engine:
         engine.close()
     return 0
+
+
+class Follower:
+    """--follow RUN_DIR: before batch b, wait until the trainer has done b - L steps, then sample with its
+    newest checkpoint (policy.version = that step). Stops once the trainer has finished its budget."""
+
+    def __init__(self, config):
+        self.config = config
+        self.run_dir = Path(config.follow)
+        self.batch = 0
+        self.version = 0
+
+    def trainer_state(self) -> tuple[int, int | None, Path | None]:
+        """(steps done, the run's --max-steps, newest checkpoint) as the run dir says now."""
+        max_steps = None
+        config_file = self.run_dir / "config.json"
+        if config_file.exists():
+            max_steps = json.loads(config_file.read_text())["config"].get("max_steps")
+        latest = self.run_dir / "latest"
+        if not latest.exists():
+            return 0, max_steps, None
+        path = self.run_dir / latest.read_text().strip()
+        return adapter_version(str(path)), max_steps, path
+
+    def before_batch(self, engine) -> bool:
+        """Wait for the trainer; load its newest checkpoint; False when the trainer is done."""
+        deadline = time.monotonic() + self.config.follow_timeout
+        while True:
+            step, max_steps, path = self.trainer_state()
+            if max_steps is not None and step >= max_steps:
+                log.info("the trainer in %s finished its %d steps; stopping", self.run_dir, max_steps)
+                return False
+            if step >= self.batch - self.config.max_lag:
+                break
+            if time.monotonic() > deadline:
+                raise OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
+                               f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "
+                               f"{self.config.follow_timeout:g} s (is opd-train running with --save-every 1?)")
+            time.sleep(0.2)
+        if path is not None and step != self.version:
+            adapter_version.cache_clear()
+            engine.set_adapter(str(path), step)
+            self.config.adapter = str(path)  # stamped into the records with its version
+            self.version = step
+            log.info("batch %d: sampling with %s (version %d)", self.batch, path.name, step)
+        self.batch += 1
+        return True
 
 
 def _request(prompt_ids, seed):

@@ -100,6 +100,22 @@ class HfEngine:
                 results[i] = completion
         return results  # type: ignore[return-value]
 
+    def set_adapter(self, path: str | None, version: int) -> None:
+        """--follow: load this checkpoint's LoRA weights into the model in place (peft)."""
+        import torch
+        from peft import PeftModel, load_peft_weights, set_peft_model_state_dict
+
+        if path is None:
+            return
+        if not isinstance(self.model, PeftModel):
+            self.model = PeftModel.from_pretrained(self.model, path)
+            self.model.eval()
+            self._buckets.clear()  # captured graphs belong to the model without the adapter
+            compiled = getattr(self.config, "compile", False)
+            self._decode_forward = torch.compile(self.model, dynamic=False) if compiled else self.model
+        else:
+            set_peft_model_state_dict(self.model, load_peft_weights(path, device=self.device))
+
     def close(self) -> None:
         self._buckets.clear()
         self.model = None

@@ -53,6 +53,8 @@ class VllmEngine:
             kwargs["max_model_len"] = config.max_model_len
         if config.adapter:
             kwargs.update(enable_lora=True, max_lora_rank=_adapter_rank(config.adapter))
+        elif getattr(config, "follow", None):
+            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
         try:
             self.llm = LLM(**kwargs)
         except (OSError, ValueError) as exc:
@@ -100,6 +102,12 @@ class VllmEngine:
         self.tokens_generated += len(ids)
         finish = "length" if out.finish_reason == "length" else "stop"
         return Completion(ids, chosen, finish, out.text, top_ids, top_lps)
+
+    def set_adapter(self, path: str | None, version: int) -> None:
+        """--follow: sample with this checkpoint from now on (a new LoRARequest id per version, no restart)."""
+        from vllm.lora.request import LoRARequest
+
+        self.lora = None if path is None else LoRARequest(f"v{version}", version + 1, os.path.abspath(path))
 
     def close(self) -> None:
         self.llm = None
