@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import time
@@ -66,13 +67,15 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
     from .engines import make_engine
 
     rows = iter_prompt_rows(resolve_prompt_specs(inputs), config.id_field, sources, config.limit)
+    follower = Follower(config) if config.follow else None
+    if follower is not None:
+        rows = follower.skip_trained(rows)
     tokenizer = load_tokenizer(config.model, config.revision)
     owns_engine = engine is None
     engine = engine or make_engine(config)
     config.engine_name = engine.name
     thinking = config.thinking == "on"
     t0, tokens, samples = time.perf_counter(), 0, 0
-    follower = Follower(config) if config.follow else None
     with progress(None, "sample", config.quiet, "opd-rollout") as bar:
         for batch in batches(rows, config.batch_prompts):
             if follower is not None and not follower.before_batch(engine):
@@ -121,6 +124,18 @@ class Follower:
             return 0, max_steps, None
         path = self.run_dir / latest.read_text().strip()
         return adapter_version(str(path)), max_steps, path
+
+    def skip_trained(self, rows):
+        """A restarted loop: skip the prompts whose groups the run's newest checkpoint has trained on."""
+        step, _, path = self.trainer_state()
+        if path is None:
+            return rows
+        read = json.loads((path / "trainer_state.json").read_text()).get("records_read", 0)
+        skip = read // self.config.n
+        self.batch = step
+        log.info("--follow: %s has trained %d steps on %d records; skipping the first %d prompts", path.name, step,
+                 read, skip)
+        return itertools.islice(rows, skip, None)
 
     def before_batch(self, engine) -> bool:
         """Wait for the trainer; load its newest checkpoint; False when the trainer is done."""

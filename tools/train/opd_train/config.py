@@ -62,6 +62,8 @@ class TrainConfig:
     save_every: int | None = opt(None, "Checkpoint every N steps (and always at the end).")
     publish: str | None = opt(None, "Publish each checkpoint as it is saved (opd-publish push to hf://ORG/NAME or "
                                     "file:///DIR); a failed or unverified publish stops the run.")
+    input_continues: bool = opt(False, "With --resume: the inputs continue after what the run read (e.g. a restarted "
+                                       "opd-rollout --follow); skip nothing instead of re-reading the same inputs.")
     resume: bool = opt(False, "Continue the run in --out from its latest checkpoint (same options).")
     overwrite: bool = opt(False, "Replace an earlier run in --out.")
     seed: int = opt(0, "Seed for LoRA initialization and dropout.")
@@ -115,6 +117,8 @@ class TrainConfig:
             self.dual_clip = None
         if self.dual_clip is not None and self.dual_clip <= 1:
             raise ConfigError(f"--dual-clip must be > 1 (or 0 = off), got {self.dual_clip}")
+        if self.input_continues and not self.resume:
+            raise ConfigError("--input-continues goes with --resume")
         if self.max_staleness is not None and self.max_staleness < 0:
             raise ConfigError(f"--max-staleness must be >= 0, got {self.max_staleness}")
         if self.max_candidate_batches < 1:

@@ -28,7 +28,7 @@ from .data import StepBatches, make_example, micro_batches
 log = logging.getLogger("opd-train")
 
 # options that may differ between a run and its --resume
-NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device", "publish"}
+NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device", "publish", "input_continues"}
 
 
 class ShortInput(OpdError):
@@ -279,7 +279,9 @@ def run(config, inputs: list[str], stdout=None) -> int:
         log.info("resuming from %s (step %d, %d records read)", start.name, trainer.step, trainer.consumed)
     if config.resume and trainer.rank == 0:
         ckpt.truncate_metrics(run_dir, trainer.step)
-    items = skip_read(iter_inputs(inputs, check=True), trainer.consumed, trainer.last_id)
+    items = iter_inputs(inputs, check=True)
+    if not config.input_continues:
+        items = skip_read(items, trainer.consumed, trainer.last_id)
     stream = StepBatches(items, config, _example_maker(config, trainer.tokenizer), trainer.consumed, trainer.pending)
     stream.last_id = trainer.last_id
     metrics = None
