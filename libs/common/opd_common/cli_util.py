@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 
 import click
@@ -27,8 +28,10 @@ def handle_errors(func):
         except OpdError as exc:
             raise click.ClickException(str(exc)) from None
         except BrokenPipeError:
-            sys.stderr.close()  # the reader went away (`| head`): stop quietly
-            sys.exit(0)
+            # The reader went away (`| head`, or opd-train done with its --max-steps): stop quietly. os._exit,
+            # not sys.exit: a reader thread may still block on stdin, and interpreter shutdown would abort on it.
+            sys.stderr.flush()
+            os._exit(0)
 
     return wrapper
 

@@ -1,0 +1,42 @@
+# Shared by the recipes (sourced, not run): argument parsing and the pipeline runner.
+# Each recipe sets its defaults in shell variables first, then sources this file with "$@".
+#
+# Flags every recipe takes (defaults come from the recipe):
+#   --model M  --teacher T  --post P  --pre Q  --out DIR  --steps K  --data D  --group-size N
+#   --groups G  --max-tokens L  --engine auto|vllm|hf  --lr X  --lora-r R  --lora-alpha A
+#   --extra-rollout "FLAGS"  --extra-score "FLAGS"  --extra-train "FLAGS"   (word-split, appended)
+#   --bin DIR   where the opd-* executables are (default: on PATH)
+#   -h|--help
+
+opd_usage() {  # the recipe's comment header
+    sed -n '2,/^set -euo/p' "$0" | sed -e '/^set -euo/d' -e 's/^# \{0,1\}//'
+}
+
+opd_parse() {
+    EXTRA_ROLLOUT=${EXTRA_ROLLOUT:-}; EXTRA_SCORE=${EXTRA_SCORE:-}; EXTRA_TRAIN=${EXTRA_TRAIN:-}; BIN=${BIN:-}
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            -h|--help) opd_usage; exit 0 ;;
+            --model|--teacher|--post|--pre|--out|--steps|--data|--group-size|--groups|--max-tokens|--engine|--lr|--lora-r|--lora-alpha|--extra-rollout|--extra-score|--extra-train|--bin)
+                [ $# -ge 2 ] || { echo "Error: $1 needs a value" >&2; exit 2; }
+                local name=${1#--}; name=${name//-/_}; name=${name^^}
+                [ "$name" != GROUPS ] || name=NGROUPS  # GROUPS is a bash builtin variable
+                printf -v "$name" '%s' "$2"; shift 2 ;;
+            --*=*)
+                local key=${1%%=*} value=${1#*=}; shift; set -- "$key" "$value" "$@" ;;
+            *) echo "Error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+        esac
+    done
+    : "${OUT:?--out DIR is required}"
+    if [ -n "$BIN" ]; then BIN=${BIN%/}/; fi
+    case "$ENGINE" in auto|vllm|hf) ;; *) echo "Error: --engine must be auto, vllm or hf, got '$ENGINE'" >&2; exit 2 ;; esac
+    for n in STEPS GROUP_SIZE NGROUPS MAX_TOKENS; do
+        [[ "${!n}" =~ ^[1-9][0-9]*$ ]] || { local flag=${n#N}; echo "Error: --$(echo "${flag,,}" | tr _ -) must be a positive integer, got '${!n}'" >&2; exit 2; }
+    done
+}
+
+# opd_words NAME STRING: split an --extra-* string into the array NAME (empty string: empty array).
+opd_words() {
+    local -n _arr=$1
+    read -r -a _arr <<< "$2" || true
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# OPD (on-policy distillation, Thinking Machines): an external teacher scores each sampled token;
+# the student follows the per-token reverse-KL advantage A_t = log p_T(y_t) - log p_S(y_t).
+#
+#   recipes/opd.sh --model Qwen/Qwen3-1.7B --teacher Qwen/Qwen3-8B --out runs/opd [--steps 100 ...]
+#
+# Pipeline (strictly on-policy):
+#   opd-rollout --follow OUT --max-lag 0 | opd-score --teacher t=TEACHER | opd-train --loss rkl
+#
+# Seed hyper-parameters (DESIGN.md section 6)          this recipe (flag, default)
+#   any student                                        --model Qwen/Qwen3-1.7B
+#   external teacher on the sampled tokens             --teacher (required; same tokenizer as the student)
+#   rkl (sampled-token reverse KL), per-token          --loss rkl, --discount 0 (opd-train default)
+#   budget: user-set                                   --steps 100, --groups 8, --group-size 4,
+#                                                      --max-tokens 4096, --lr 1e-4, LoRA r16 / alpha 32
+#
+# Where this toolkit deviates, and why
+#   - The seed fixes no budget, sampling or optimizer settings; the defaults above are this toolkit's
+#     README example (8 prompts x 4 samples per step, lr 1e-4 for LoRA), not published numbers.
+#   - Rollouts use the toolkit defaults (T 1.0, no top-p/top-k, thinking on); pass others with
+#     --extra-rollout. The teacher scores the student's prompt as-is (the same chat rendering).
+#   - Fully on-policy (--max-lag 0), so the importance ratio is 1 and no --ratio-clip is set; add
+#     --extra-train "--ratio-clip 2" with --extra-rollout "--max-lag 1" to overlap sampling and training.
+#
+# Other flags: --out DIR (required), --data (train-math), --engine auto|vllm|hf (the rollout; the
+# teacher runs on opd-score's exact hf engine), --extra-rollout/--extra-score/--extra-train "FLAGS",
+# --bin DIR. stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
+set -euo pipefail
+
+MODEL=Qwen/Qwen3-1.7B; TEACHER=; DATA=train-math; STEPS=100; NGROUPS=8; GROUP_SIZE=4; MAX_TOKENS=4096
+ENGINE=auto; LR=1e-4; LORA_R=16; LORA_ALPHA=32; OUT=; POST=; PRE=
+. "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+opd_parse "$@"
+: "${TEACHER:?--teacher MODEL is required}"
+opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA_TRAIN"
+
+"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag 0 \
+    --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --quiet "${XR[@]}" "$DATA" \
+  | "${BIN}opd-score" --teacher "t=$TEACHER" --quiet "${XS[@]}" \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 \
+    --loss rkl --teacher t --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --quiet "${XT[@]}"

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# OPSD (on-policy self-distillation): the student is its own teacher. The teacher is the same base
+# weights with the LoRA adapter off, shown the problem plus its reference solution (the `opsd`
+# privileged template, thinking on); the loss is the per-token forward KL teacher -> student over
+# the full vocabulary, each summand clipped at 0.05, both sides at temperature 1.1.
+#
+#   recipes/opsd.sh --model Qwen/Qwen3-1.7B --out runs/opsd [--steps 100 --groups 32 ...]
+#
+# Pipeline (strictly on-policy, no opd-score stage: the trainer computes the teacher itself):
+#   opd-rollout --follow OUT --max-lag 0 | opd-train --loss fkl --self-teacher opsd
+#
+# Seed hyper-parameters (DESIGN.md section 6)          this recipe (flag, default)
+#   student Qwen3-1.7B + LoRA r64 / alpha 128          --model Qwen/Qwen3-1.7B, --lora-r 64, --lora-alpha 128
+#   rollouts non-thinking, T 1.1, top-p 0.95, top-k 20 --thinking off --temperature 1.1 --top-p 0.95 --top-k 20
+#   1024 response tokens                               --max-tokens 1024
+#   teacher: same base, LoRA off, problem + reference  --self-teacher opsd --self-teacher-thinking on
+#     solution + transition prompt, thinking on
+#   fkl over the full vocabulary, clip 0.05, T 1.1     --loss fkl --kl-clip 0.05 --loss-temperature 1.1
+#   lr 5e-6, grad clip 0.1                             --lr 5e-6, --max-grad-norm 0.1
+#   100 steps x 32 prompts x 1 sample                  --steps 100, --groups 32, --group-size 1
+#   training data: problems with reference solutions   --data train-math (bundled MATH train, with solutions)
+#
+# Where this toolkit deviates, and why
+#   - The teacher runs inside the trainer (--self-teacher): a second forward of the base weights with
+#     the adapter disabled on the privileged prompt, so the KL is over the full vocabulary exactly as
+#     in the seed, and no teacher tensors cross the pipe. (An opd-score teacher would only give a
+#     top-k approximation; docs/losses.md measures how far that is.)
+#   - Every step trains on responses sampled by the previous step's adapter (--follow, --max-lag 0);
+#     the seed also samples on-policy every step. Each step's loss is one token mean over the batch.
+#   - The optimizer is opd-train's AdamW (constant schedule, no warm-up), weight decay 0.
+#
+# Other flags: --out DIR (required), --engine auto|vllm|hf, --extra-rollout/--extra-score/--extra-train
+# "FLAGS" (appended to that stage; --extra-score is unused here), --bin DIR (where opd-* live).
+# stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
+set -euo pipefail
+
+MODEL=Qwen/Qwen3-1.7B; DATA=train-math; STEPS=100; NGROUPS=32; GROUP_SIZE=1; MAX_TOKENS=1024
+ENGINE=auto; LR=5e-6; LORA_R=64; LORA_ALPHA=128; OUT=; TEACHER=; POST=; PRE=
+. "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
+opd_parse "$@"
+opd_words XR "$EXTRA_ROLLOUT"; opd_words XT "$EXTRA_TRAIN"
+
+"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag 0 \
+    --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" \
+    --temperature 1.1 --top-p 0.95 --top-k 20 --thinking off --quiet "${XR[@]}" "$DATA" \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 \
+    --loss fkl --self-teacher opsd --self-teacher-thinking on --kl-clip 0.05 --loss-temperature 1.1 \
+    --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --max-grad-norm 0.1 --quiet "${XT[@]}"
