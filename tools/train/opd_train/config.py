@@ -43,8 +43,8 @@ class TrainConfig:
                                               "[default: on for dapo, off for grpo].")
     max_candidate_batches: int = opt(10, "dynamic sampling: fail the step (resume later) after reading this many "
                                          "batches' worth of groups without filling it.")
-    max_staleness: int | None = opt(None, "Drop records sampled by a policy more than S versions (steps) behind "
-                                          "the trainer (policy.version < step - S; whole groups with --batch-groups).")
+    max_staleness: int | None = opt(None, "Drop records with policy.version < steps done - S (whole groups with "
+                                          "--batch-groups); 0 = only the newest checkpoint's samples (on-policy).")
     beta_init: float = opt(2.5, "shift: initial coefficient of the k3 KL to the initial student.")
     beta_eps: float = opt(0.01, "shift: multiplicative step of the adaptive coefficient.")
     # LoRA
