@@ -482,12 +482,16 @@ def _builders():
 @pytest.mark.parametrize("name", list(_builders()[1]))
 def test_chunks_add_up_to_the_whole(name):
     z, fns = _builders()
-    fn = fns[name]
+    assert_chunks_add_up(fns[name], z, ((0, 3), (3, 4), (4, 7)))
+
+
+def assert_chunks_add_up(fn, z: torch.Tensor, cuts) -> None:
+    """fn(logits, positions) over the chunks `cuts` adds up to fn over all positions: loss, metrics, grads."""
     whole_z = leaf(z)
-    whole = fn(whole_z, slice(0, 7))
+    whole = fn(whole_z, slice(0, len(z)))
     whole.loss.backward()
     loss, metrics, grads = 0.0, {}, []
-    for a, b in ((0, 3), (3, 4), (4, 7)):
+    for a, b in cuts:
         part_z = leaf(z[a:b])
         part = fn(part_z, slice(a, b))
         part.loss.backward()
@@ -505,10 +509,15 @@ def test_chunks_add_up_to_the_whole(name):
 @pytest.mark.parametrize("name", list(_builders()[1]))
 def test_bf16_logits(name):
     z, fns = _builders()
+    assert_bf16_accepted(fns[name], z)
+
+
+def assert_bf16_accepted(fn, z: torch.Tensor) -> None:
+    """bf16 logits give a float32 loss equal to float32 logits of the same values, and bf16 gradients."""
     z16 = z.bfloat16().requires_grad_(True)
-    out = fns[name](z16, slice(0, 7))
+    out = fn(z16, slice(0, len(z)))
     assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
     out.loss.backward()
     assert z16.grad.dtype == torch.bfloat16 and torch.isfinite(z16.grad.float()).all()
-    ref = fns[name](z16.detach().float(), slice(0, 7))  # upcast inside: same as float32 logits of those values
+    ref = fn(z16.detach().float(), slice(0, len(z)))  # upcast inside: same as float32 logits of those values
     assert close(out.loss, ref.loss, 1e-6)

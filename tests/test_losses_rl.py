@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from opd_train import losses as L
+from test_losses import assert_bf16_accepted, assert_chunks_add_up, close, leaf
 
 V = 6
 CL, CH, C = 0.2, 0.28, 10.0  # the defaults: clip_low, clip_high, dual_clip
@@ -41,15 +42,6 @@ def rows(t: torch.Tensor) -> list:
 def logits(seed: int, n: int, v: int = V, scale: float = 2.0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(n, v, generator=g, dtype=torch.float64) * scale).float()
-
-
-def leaf(z: torch.Tensor) -> torch.Tensor:
-    return z.detach().clone().requires_grad_(True)
-
-
-def close(a, b, tol: float = 1e-5) -> bool:
-    a, b = (x.detach() if isinstance(x, torch.Tensor) else x for x in (a, b))
-    return abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))
 
 
 def assert_grad(got: torch.Tensor, want: list[list[float]], tol: float = 1e-5) -> None:
@@ -317,33 +309,10 @@ def _chunk_inputs():
 @pytest.mark.parametrize("name", list(_chunk_inputs()[1]))
 def test_ppo_clip_chunks_add_up_to_the_whole(name):
     z, fns = _chunk_inputs()
-    fn = fns[name]
-    whole_z = leaf(z)
-    whole = fn(whole_z, slice(0, 7))
-    whole.loss.backward()
-    loss, metrics, grads = 0.0, {}, []
-    for a, b in ((0, 2), (2, 3), (3, 7)):
-        part_z = leaf(z[a:b])
-        part = fn(part_z, slice(a, b))
-        part.loss.backward()
-        loss += float(part.loss.detach())
-        grads.append(part_z.grad)
-        for key, value in part.metrics.items():
-            metrics[key] = metrics.get(key, 0.0) + float(value)
-    assert close(loss, whole.loss, 1e-6)
-    assert metrics.keys() == whole.metrics.keys()
-    assert all(close(metrics[k], whole.metrics[k], 1e-6) for k in metrics)
-    assert all(not v.requires_grad for v in whole.metrics.values())
-    assert torch.allclose(torch.cat(grads), whole_z.grad, atol=1e-7)
+    assert_chunks_add_up(fns[name], z, ((0, 2), (2, 3), (3, 7)))
 
 
 @pytest.mark.parametrize("name", list(_chunk_inputs()[1]))
 def test_ppo_clip_bf16_logits(name):
     z, fns = _chunk_inputs()
-    z16 = z.bfloat16().requires_grad_(True)
-    out = fns[name](z16, slice(0, 7))
-    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
-    out.loss.backward()
-    assert z16.grad.dtype == torch.bfloat16 and torch.isfinite(z16.grad.float()).all()
-    ref = fns[name](z16.detach().float(), slice(0, 7))  # upcast inside: same as float32 logits of those values
-    assert close(out.loss, ref.loss, 1e-6)
+    assert_bf16_accepted(fns[name], z)

@@ -50,3 +50,19 @@ def batches(items: Iterator[T], size: int, wait: float = 0.05) -> Iterator[list[
                 break
         if batch:
             yield batch
+
+
+def token_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Split indices (pre-sorted by length) into batches with count x longest <= budget."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i, n in enumerate(lengths):
+        if current and max(longest, n) * (len(current) + 1) > budget:
+            out.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    if current:
+        out.append(current)
+    return out

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from opd_common.batching import token_batches
 from opd_common.models import load_causal_lm, pick_device, pick_dtype, use_gqa_attention
 
 
@@ -37,22 +38,6 @@ class Scores:
     topk_ids: np.ndarray | None = None  # int32 [T, k]: the teacher's own top-k
     topk_logprobs: np.ndarray | None = None
     at_logprobs: np.ndarray | None = None  # float32 [T, k]: log p at Sequence.at_ids
-
-
-def token_batches(lengths: list[int], budget: int) -> list[list[int]]:
-    """Split indices (pre-sorted by length) into batches with count x longest <= budget."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i, n in enumerate(lengths):
-        if current and max(longest, n) * (len(current) + 1) > budget:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, n)
-    if current:
-        batches.append(current)
-    return batches
 
 
 WIDTH_BUCKET = 128  # with compile: batch widths rounded up to this

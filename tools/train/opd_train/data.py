@@ -213,21 +213,11 @@ def _group_size(item: tuple[dict, Where]) -> int:
     return size
 
 
-def micro_batches(examples: list[Example], budget: int, length=lambda e: e.length) -> list[list[Example]]:
+def micro_batches(examples: list[Example], budget: int) -> list[list[Example]]:
     """Consecutive micro-batches with count x longest <= budget (a longer example goes alone)."""
-    out: list[list[Example]] = []
-    current: list[Example] = []
-    longest = 0
-    for ex in examples:
-        n = length(ex)
-        if current and max(longest, n) * (len(current) + 1) > budget:
-            out.append(current)
-            current, longest = [], 0
-        current.append(ex)
-        longest = max(longest, n)
-    if current:
-        out.append(current)
-    return out
+    from opd_common.batching import token_batches
+
+    return [[examples[i] for i in idx] for idx in token_batches([ex.length for ex in examples], budget)]
 
 
 def collate(examples: list[Example], context: str = "prompt", bucket: int = 1) -> dict[str, Any]:
