@@ -32,6 +32,7 @@ def main() -> int:
     parser.add_argument("--micro", default="4,8,16", help="micro-batch sizes in records")
     parser.add_argument("--steps", type=int, default=2, help="timed steps (after one warm-up step)")
     parser.add_argument("--variants", default="eager,compile,compile+ckpt")
+    parser.add_argument("--logit-chunk", type=int, default=4096, help="positions per LM-head chunk")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--profile", help="write a torch.profiler table of one more step (top kernels) to this file")
@@ -51,7 +52,6 @@ def main() -> int:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     if args.tiny:
         args.records, args.prompt_len, args.response_len, args.micro, args.steps = 4, 8, 32, "2,4", 1
-        args.variants = "eager"
     config = model_config(args.tiny)
     V = config.vocab_size
     rng = np.random.default_rng(0)
@@ -67,7 +67,9 @@ def main() -> int:
     tokens = args.records * args.response_len
     figures = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
                "records_per_step": args.records, "prompt_len": args.prompt_len, "response_len": args.response_len,
-               "lora_r": 64, "loss": "fkl top-16 + tail, clip 0.05", "runs": []}
+               "lora_r": 64, "loss": "fkl top-16 + tail, clip 0.05",
+               "mfu": "4 x parameters x response tokens/s / 989e12 (2N forward + 2N backward; LoRA FLOPs, prompt "
+                      "tokens and the recomputed forward of gradient checkpointing not counted)", "runs": []}
     for variant in args.variants.split(","):
         for micro in [int(m) for m in args.micro.split(",")]:
             torch.manual_seed(0)
@@ -75,14 +77,16 @@ def main() -> int:
                 lm = Qwen3ForCausalLM(config).to(dtype)
             params = sum(p.numel() for p in lm.parameters())
             cfg = TrainConfig(model="(random)", out="(none)", loss="fkl", max_steps=10**6, batch_size=args.records,
-                              micro_batch_tokens=micro * (args.prompt_len + args.response_len), logit_chunk=4096,
+                              micro_batch_tokens=micro * (args.prompt_len + args.response_len), logit_chunk=args.logit_chunk,
                               lora_r=64, lora_alpha=128, lr=1e-5, compile="compile" in variant,
                               gradient_checkpointing="ckpt" in variant)
             trainer = Trainer.__new__(Trainer)
             trainer.setup(cfg, None, device=device, lm=lm)
-            row = {"variant": variant, "micro_batch_records": micro, "parameters": params}
+            row = {"variant": variant, "micro_batch_records": micro, "logit_chunk": args.logit_chunk, "parameters": params}
             try:
+                t_warm = time.perf_counter()
                 trainer.train_step(examples)  # warm-up (and compilation)
+                row["warmup_seconds"] = round(time.perf_counter() - t_warm, 1)
                 if device == "cuda":
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()

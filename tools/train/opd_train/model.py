@@ -5,6 +5,13 @@ decoder's hidden states are detached, each chunk's logits -> loss -> backward ac
 the detached copy's gradient, and one final backward carries that gradient through the decoder.
 So the [positions x vocab] logits (and their fp32 upcast) of a whole micro-batch never exist at
 once, and the result is the same as one big backward (losses are sums over tokens / num_tokens).
+
+With --compile, each chunk's LM head + loss is one torch.compile'd function (`chunk_loss`), so the
+loss's vocabulary-wide float32 work (log-softmax, logsumexp, gathers, their gradients) fuses into a
+few kernels over the bf16 logits instead of a dozen eager passes; it computes the same losses (the
+functions of losses.py, traced), with num_tokens and beta passed as tensors so that a new step's
+values do not recompile. Metric contributions stay on the device (float64, as the eager sums
+were) until the micro-batch's backward has been queued: one host sync per micro-batch, not per chunk.
 """
 
 from __future__ import annotations
@@ -44,14 +51,21 @@ class Student:
         self.peft.train()
         self.decoder = base.get_decoder()
         self.bucket = 1
-        if getattr(config, "compile", False):
+        self.compiled = bool(getattr(config, "compile", False))
+        self.chunk_loss = self._chunk_loss
+        if self.compiled:
             self.decoder = torch.compile(self.decoder)
+            self.chunk_loss = torch.compile(self._chunk_loss)
             self.bucket = 128
         self.head = base.get_output_embeddings()
         # bf16 base weights: run the fp32 LoRA weights' matmuls in bf16 too (mixed precision, fp32 master
         # weights and optimizer state); without it peft upcasts every projection's input to fp32.
         low = next(base.parameters()).dtype == torch.bfloat16 and str(device).startswith("cuda")
         self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if low else contextlib.nullcontext
+        if low:  # autocast casts each LoRA input back to bf16: skip peft's fp32 copy of it (exact, one pass less)
+            for module in self.peft.modules():
+                if hasattr(module, "lora_A"):
+                    module.cast_input_dtype_enabled = False
         self.params = [p for p in self.peft.parameters() if p.requires_grad]
 
     def hidden(self, batch: dict):
@@ -96,21 +110,31 @@ class Student:
                 extra["teacher_h"] = self.hidden(collate(examples, context="teacher", bucket=self.bucket))
         h_NH = self.hidden(batch)
         h_detached = h_NH.detach().requires_grad_()
-        totals: dict[str, float] = {"loss": 0.0}
+        if self.compiled:  # tensors, not Python numbers: a new step's values must not recompile chunk_loss
+            num_tokens = torch.tensor(float(num_tokens), device=self.device)
+            beta = torch.tensor(float(beta), device=self.device)
+        sums: dict[str, torch.Tensor] = {}
         n = h_NH.shape[0]
         for start in range(0, n, cfg.logit_chunk):
             sl = slice(start, min(start + cfg.logit_chunk, n))
-            with self.autocast():
-                logits = self.head(h_detached[sl])
-            out = self._loss(logits, {k: v[sl] for k, v in dev.items()}, {k: v[sl] for k, v in extra.items()},
-                             num_tokens, beta)
-            out.loss.backward()
-            totals["loss"] += float(out.loss.detach())
-            for key, value in out.metrics.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
-            del logits, out
+            part = {k: v[sl] for k, v in extra.items() if k != "teacher_h"}
+            if "teacher_h" in extra:
+                with self.base_weights(), self.autocast():
+                    part["teacher_logits"] = self.head(extra["teacher_h"][sl])
+            loss, metrics = self.chunk_loss(h_detached[sl], {k: v[sl] for k, v in dev.items()}, part, num_tokens, beta)
+            loss.backward()
+            for key, value in {"loss": loss, **metrics}.items():
+                sums[key] = sums.get(key, 0.0) + value.detach().double()
+            del loss, metrics, part
         h_NH.backward(h_detached.grad)
-        return totals
+        return {key: float(value) for key, value in sums.items()}
+
+    def _chunk_loss(self, h_NH, tok: dict, extra: dict, num_tokens, beta):
+        """LM head + loss of one chunk of positions: (loss, metrics). Compiled as one function under --compile."""
+        with self.autocast():
+            logits_NV = self.head(h_NH)
+        out = self._loss(logits_NV, tok, extra, num_tokens, beta)
+        return out.loss, out.metrics
 
     def _loss(self, logits_NV, tok: dict, extra: dict, num_tokens: int, beta: float):
         cfg = self.config
@@ -124,9 +148,7 @@ class Student:
                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
                                    ref_logp_N=extra.get("ref_logp"), kl_coef=cfg.kl_coef)
         if cfg.loss == "fkl" and cfg.self_teacher:
-            with self.base_weights(), self.autocast():
-                teacher_logits = self.head(extra["teacher_h"])
-            return losses.fkl_full(logits_NV, teacher_logits, num_tokens, temperature=cfg.loss_temperature, clip=cfg.kl_clip)
+            return losses.fkl_full(logits_NV, extra["teacher_logits"], num_tokens, temperature=cfg.loss_temperature, clip=cfg.kl_clip)
         if cfg.loss == "fkl":
             return losses.fkl(logits_NV, tok["ids"], tok["teacher_logp"], num_tokens, temperature=cfg.loss_temperature,
                               clip=cfg.kl_clip, tail=cfg.fkl_tail)
