@@ -21,11 +21,14 @@ def examples(vocab: int, loss: str, seed: int = 0) -> list[Example]:
     for i, (p, t) in enumerate([(5, 9), (3, 13), (7, 6)]):
         logits = rng.standard_normal((t, K)).astype(np.float32)
         topk = logits - np.log(np.exp(logits).sum(1, keepdims=True)) - 0.7  # K ids hold ~half the mass
-        tokens = {"fkl": {"ids": rng.integers(0, vocab, (t, K)), "teacher_logp": topk.astype(np.float32)},
+        ids = rng.integers(0, vocab, (t, K))
+        ids[0, 1] = ids[0, 3]  # a repeated id (the compacted logits keep its first occurrence)
+        tokens = {"fkl": {"ids": ids, "teacher_logp": topk.astype(np.float32)},
                   "rkl": {"behaviour_logp": -rng.random(t).astype(np.float32) * 3, "teacher_logp": -rng.random(t).astype(np.float32) * 3,
                           "advantage": rng.standard_normal(t).astype(np.float32)},
                   "shift": {"ids": rng.integers(0, vocab, (t, K)), "delta": rng.standard_normal((t, K)).astype(np.float32)},
-                  "sft": {}}[loss]
+                  "sft": {}, "grpo": {"behaviour_logp": -rng.random(t).astype(np.float32) * 3,
+                           "advantage": np.full(t, rng.standard_normal(), np.float32)}}[loss]
         out.append(Example(id=str(i), prompt_id=str(i), prompt_ids=rng.integers(0, vocab, p),
                            response_ids=rng.integers(0, vocab, t), tokens=tokens))
     return out
@@ -35,8 +38,9 @@ def step(model: str, loss: str, compile: bool, **options) -> tuple[dict, dict]:
     """Metrics and adapter gradients of one micro-step (LM head in uneven chunks of 8 positions),
     from an adapter whose weights are all random (LoRA's zero B would leave A's gradient zero)."""
     torch.manual_seed(0)
-    config = TrainConfig(model=model, out="unused", loss=loss, max_steps=1, batch_size=3, lora_r=4, lora_alpha=8,
-                         logit_chunk=8, compile=compile, **options)
+    batch = {"batch_groups": 1} if loss == "grpo" else {"batch_size": 3}
+    config = TrainConfig(model=model, out="unused", loss=loss, max_steps=1, lora_r=4, lora_alpha=8, logit_chunk=8,
+                         compile=compile, **batch, **options)
     student = Student(config, "cpu")
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -55,8 +59,9 @@ def step(model: str, loss: str, compile: bool, **options) -> tuple[dict, dict]:
     ("fkl", {"fkl_tail": False, "loss_temperature": 1.1}),
     ("rkl", {"ratio_clip": 1.5}),
     ("sft", {}),
+    ("grpo", {"kl_coef": 0.1}),
     ("shift", {}),
-], ids=["fkl-tail", "fkl-topk-tau", "rkl", "sft", "shift"])
+], ids=["fkl-tail", "fkl-topk-tau", "rkl", "sft", "grpo", "shift"])
 def test_compiled_chunk_loss_matches_eager(tiny_model, loss, options):
     torch._dynamo.reset()
     eager_metrics, eager_grads = step(str(tiny_model), loss, False, **options)

@@ -10,18 +10,75 @@ With --compile, each chunk's LM head + loss is one torch.compile'd function (`ch
 loss's vocabulary-wide float32 work (log-softmax, logsumexp, gathers, their gradients) fuses into a
 few kernels over the bf16 logits instead of a dozen eager passes; it computes the same losses (the
 functions of losses.py, traced), with num_tokens and beta passed as tensors so that a new step's
-values do not recompile. Metric contributions stay on the device (float64, as the eager sums
-were) until the micro-batch's backward has been queued: one host sync per micro-batch, not per chunk.
+values do not recompile. For the losses that read the logits only at a few ids per position (fkl
+on top-k ids, and sft/rkl/grpo/dapo at the sampled token) the compiled function first compacts
+them (`compact_logits`): [N, V] -> [N, K + 1], the K ids' logits plus one column holding the
+logsumexp of the rest, which gives the loss the same log-probabilities, tail and gradient, in one
+fused pass over the vocabulary forward and one backward (no float32 [N, V] buffers). Metric
+contributions stay on the device (float64, as the eager sums were) until the micro-batch's
+backward has been queued: one host sync per micro-batch, not per chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
+
+import torch  # losses imports it too: this module is only imported where a model trains
 
 from opd_common.models import load_causal_lm, pick_dtype, use_gqa_attention
 
 from . import losses
 from .data import Example, collate
+
+
+def compact_logits(logits_NV, ids_NK, temperature: float = 1.0):
+    """[N, V] logits -> (C_NB [N, K + 1] float32, ids in C [N, K]) that any loss reading only softmax(logits / tau)
+    at ids_NK, the logsumexp over the vocabulary and the one over the vocabulary outside ids_NK sees alike:
+    column k (a first occurrence of its id in the row) is logits at ids_NK[:, k], a repeated id's column is
+    a floor (exp 0) and its index points to the first occurrence's column, and column K is
+    tau * logsumexp(logits / tau outside the ids). Needs K < V. Under torch.compile the mask, the
+    logsumexp and the gradient are each one pass over the bf16 logits (the K comparisons are unrolled).
+    """
+    K = ids_NK.shape[-1]
+    ids_NK = ids_NK.long()
+    first_NK = (ids_NK.unsqueeze(-1) == ids_NK.unsqueeze(-2)).int().argmax(-1)  # index of each id's first occurrence
+    is_first_NK = first_NK == torch.arange(K, device=ids_NK.device)
+    return _Compact.apply(logits_NV, ids_NK, is_first_NK, temperature), first_NK
+
+
+def _hits(ids_NK, V: int) -> list:
+    """[N, V] masks: position v holds ids_NK[:, k], one per k."""
+    iota_V = torch.arange(V, device=ids_NK.device)
+    return [iota_V == ids_NK[:, k:k + 1] for k in range(ids_NK.shape[-1])]
+
+
+class _Compact(torch.autograd.Function):
+    """compact_logits' vocabulary-wide part; backward: d/dlogits_v = g_k at a first-occurrence id v = ids[k],
+    g_K * softmax(logits / tau)_v over the rest (the derivative of tau * logsumexp(logits / tau))."""
+
+    @staticmethod
+    def forward(ctx, logits_NV, ids_NK, is_first_NK, temperature):
+        s_NV = logits_NV.float() / temperature
+        outside_NV = ~functools.reduce(operator.or_, _hits(ids_NK, s_NV.shape[-1]))
+        rest_N = torch.logsumexp(torch.where(outside_NV, s_NV, float("-inf")), -1)
+        floor = torch.finfo(torch.float32).min / 4
+        picked_NK = torch.where(is_first_NK, logits_NV.gather(-1, ids_NK).float(), floor)
+        ctx.save_for_backward(logits_NV, ids_NK, is_first_NK, rest_N)
+        ctx.temperature = temperature
+        return torch.cat([picked_NK, (rest_N * temperature).unsqueeze(-1)], -1)
+
+    @staticmethod
+    def backward(ctx, g_NB):
+        logits_NV, ids_NK, is_first_NK, rest_N = ctx.saved_tensors
+        s_NV = logits_NV.float() / ctx.temperature
+        hits = _hits(ids_NK, s_NV.shape[-1])
+        g_NK = torch.where(is_first_NK, g_NB[:, :-1], 0.0)
+        picked_NV = functools.reduce(torch.add, [torch.where(h, g_NK[:, k:k + 1], 0.0) for k, h in enumerate(hits)])
+        outside_NV = ~functools.reduce(operator.or_, hits)
+        rest_NV = torch.where(outside_NV, g_NB[:, -1:] * torch.exp(s_NV - rest_N.unsqueeze(-1)), 0.0)
+        return (picked_NV + rest_NV).to(logits_NV.dtype), None, None, None
 
 
 class Student:
@@ -108,11 +165,11 @@ class Student:
         if cfg.loss == "fkl" and cfg.self_teacher:
             with self.base_weights():
                 extra["teacher_h"] = self.hidden(collate(examples, context="teacher", bucket=self.bucket))
+        if self.compiled:  # tensors, not Python numbers: a new step's values must not recompile chunk_loss
+            num_tokens = torch.tensor(float(num_tokens), device=self.device)  # (copied before the decoder is queued)
+            beta = torch.tensor(float(beta), device=self.device)
         h_NH = self.hidden(batch)
         h_detached = h_NH.detach().requires_grad_()
-        if self.compiled:  # tensors, not Python numbers: a new step's values must not recompile chunk_loss
-            num_tokens = torch.tensor(float(num_tokens), device=self.device)
-            beta = torch.tensor(float(beta), device=self.device)
         sums: dict[str, torch.Tensor] = {}
         n = h_NH.shape[0]
         for start in range(0, n, cfg.logit_chunk):
@@ -133,8 +190,22 @@ class Student:
         """LM head + loss of one chunk of positions: (loss, metrics). Compiled as one function under --compile."""
         with self.autocast():
             logits_NV = self.head(h_NH)
+        if self.compiled:
+            logits_NV, tok = self._compact(logits_NV, tok)
         out = self._loss(logits_NV, tok, extra, num_tokens, beta)
         return out.loss, out.metrics
+
+    def _compact(self, logits_NV, tok: dict):
+        """The compacted logits and ids (compact_logits) for losses that read a few ids per position."""
+        cfg = self.config
+        V = logits_NV.shape[-1]
+        if cfg.loss == "fkl" and not cfg.self_teacher and tok["ids"].shape[-1] < V:
+            compact_NB, ids_NK = compact_logits(logits_NV, tok["ids"], cfg.loss_temperature)
+            return compact_NB, {**tok, "ids": ids_NK}
+        if cfg.loss in ("sft", "rkl", "grpo", "dapo") and V > 1:
+            compact_NB, _ = compact_logits(logits_NV, tok["targets_N"].unsqueeze(-1))
+            return compact_NB, {**tok, "targets_N": torch.zeros_like(tok["targets_N"])}
+        return logits_NV, tok
 
     def _loss(self, logits_NV, tok: dict, extra: dict, num_tokens: int, beta: float):
         cfg = self.config
