@@ -42,3 +42,50 @@ def progress(total: int | None, unit: str, quiet: bool, desc: str):
 
     return tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, dynamic_ncols=True,
                 disable=quiet or not sys.stderr.isatty())
+
+
+
+_VLLM = {"engines": [], "used": False}
+
+
+def vllm_started(llm) -> None:
+    """Note a vllm.LLM this process built, so that console_main shuts it down before leaving."""
+    _VLLM["engines"].append(llm)
+    _VLLM["used"] = True
+
+
+def close_vllm(llm) -> None:
+    """Stop a vllm.LLM's engine-core processes now rather than at interpreter exit."""
+    if llm is None:
+        return
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # pragma: no cover - other vLLM versions name it differently
+        logging.getLogger("opd").debug("vLLM shutdown: %s", exc)
+    if llm in _VLLM["engines"]:
+        _VLLM["engines"].remove(llm)
+
+
+def console_main(command, args: list[str], prog_name: str):
+    """Run a click command as a console script. When vLLM ran in this process, shut its engines down
+    and leave with os._exit once the output is flushed: at interpreter teardown, threads that vLLM's
+    engine client leaves behind can abort the process (SIGABRT, "terminate called without an active
+    exception") after every record was written, turning a finished run into a failed one."""
+    try:
+        command.main(args, prog_name=prog_name)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if not _VLLM["used"]:
+        raise SystemExit(code)
+    for llm in list(_VLLM["engines"]):
+        close_vllm(llm)
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+    os._exit(code or 0)

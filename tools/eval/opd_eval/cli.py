@@ -3,9 +3,11 @@ the work is in run.run, compare.compare and report.write)."""
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from opd_common.cli_util import handle_errors, setup_logging
+from opd_common.cli_util import console_main, handle_errors, setup_logging
 from opd_common.config import build, click_options
 
 from .config import EvalConfig
@@ -133,5 +135,11 @@ def report_cmd(directory, out_dir, resamples, seed, force, quiet):
     click.echo(f"opd-eval report: wrote {md} and {png}", err=True)
 
 
+
+def console(argv: list[str] | None = None):
+    """The opd-eval console script (see opd_common.cli_util.console_main)."""
+    console_main(main, sys.argv[1:] if argv is None else argv, "opd-eval")
+
+
 if __name__ == "__main__":
-    main()
+    console()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from opd_common.cli_util import handle_errors, setup_logging
+from opd_common.cli_util import console_main, handle_errors, setup_logging
 from opd_common.config import build, click_options
 
 from .config import RolloutConfig
@@ -42,5 +44,11 @@ def main(inputs, config_file, **flags):
     raise SystemExit(code)
 
 
+
+def console(argv: list[str] | None = None):
+    """The opd-rollout console script (see opd_common.cli_util.console_main)."""
+    console_main(main, sys.argv[1:] if argv is None else argv, "opd-rollout")
+
+
 if __name__ == "__main__":
-    main()
+    console()

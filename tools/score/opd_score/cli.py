@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from opd_common.cli_util import handle_errors, setup_logging
+from opd_common.cli_util import console_main, handle_errors, setup_logging
 from opd_common.config import build, click_options
 
 from .config import ScoreConfig
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None):
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["templates"]:
         return templates.main(args[1:], prog_name="opd-score templates")
-    return score.main(args, prog_name="opd-score")
+    return console_main(score, args, "opd-score")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from opd_common.cli_util import close_vllm, vllm_started
 from opd_common.errors import ConfigError
 from opd_common.models import check_model_ref
 
@@ -40,6 +41,7 @@ class VllmTeacher:
         if on_cpu:
             kwargs["enable_chunked_prefill"] = False  # see opd_rollout.engines.vllm_engine
         self.llm = LLM(**kwargs)
+        vllm_started(self.llm)
 
     def score(self, seqs: list[Sequence], topk: int = 0) -> list[Scores]:
         from vllm import SamplingParams
@@ -66,4 +68,5 @@ class VllmTeacher:
         return Scores(chosen, top_ids, top_lps)
 
     def close(self) -> None:
+        close_vllm(self.llm)
         self.llm = None

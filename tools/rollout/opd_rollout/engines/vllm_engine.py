@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from opd_common.cli_util import close_vllm, vllm_started
 from opd_common.errors import ConfigError
 from opd_common.models import check_model_ref
 
@@ -57,6 +58,7 @@ class VllmEngine:
             kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
         try:
             self.llm = LLM(**kwargs)
+            vllm_started(self.llm)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--model {config.model}: vLLM cannot load it ({str(exc).splitlines()[0]})") from None
         self.lora = None
@@ -110,6 +112,7 @@ class VllmEngine:
         self.lora = None if path is None else LoRARequest(f"v{version}", version + 1, os.path.abspath(path))
 
     def close(self) -> None:
+        close_vllm(self.llm)
         self.llm = None
 
 
