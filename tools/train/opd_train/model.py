@@ -22,8 +22,6 @@ backward has been queued: one host sync per micro-batch, not per chunk.
 from __future__ import annotations
 
 import contextlib
-import functools
-import operator
 
 import torch  # losses imports it too: this module is only imported where a model trains
 
@@ -38,8 +36,9 @@ def compact_logits(logits_NV, ids_NK, temperature: float = 1.0):
     at ids_NK, the logsumexp over the vocabulary and the one over the vocabulary outside ids_NK sees alike:
     column k (a first occurrence of its id in the row) is logits at ids_NK[:, k], a repeated id's column is
     a floor (exp 0) and its index points to the first occurrence's column, and column K is
-    tau * logsumexp(logits / tau outside the ids). Needs K < V. Under torch.compile the mask, the
-    logsumexp and the gradient are each one pass over the bf16 logits (the K comparisons are unrolled).
+    tau * logsumexp(logits / tau outside the ids). Needs K < V. The mask of the rest is one scatter into
+    an [N, V] bool; under torch.compile the logsumexp and the gradient are each one fused pass over the
+    bf16 logits, and the ids' gradients one scatter-add into the bf16 result.
     """
     K = ids_NK.shape[-1]
     ids_NK = ids_NK.long()
@@ -48,10 +47,9 @@ def compact_logits(logits_NV, ids_NK, temperature: float = 1.0):
     return _Compact.apply(logits_NV, ids_NK, is_first_NK, temperature), first_NK
 
 
-def _hits(ids_NK, V: int) -> list:
-    """[N, V] masks: position v holds ids_NK[:, k], one per k."""
-    iota_V = torch.arange(V, device=ids_NK.device)
-    return [iota_V == ids_NK[:, k:k + 1] for k in range(ids_NK.shape[-1])]
+def _outside(ids_NK, V: int):
+    """[N, V] bool: True where the vocabulary id is none of the row's ids_NK (one scatter, not K compares)."""
+    return torch.ones(ids_NK.shape[0], V, dtype=torch.bool, device=ids_NK.device).scatter_(-1, ids_NK, False)
 
 
 class _Compact(torch.autograd.Function):
@@ -61,8 +59,7 @@ class _Compact(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits_NV, ids_NK, is_first_NK, temperature):
         s_NV = logits_NV.float() / temperature
-        outside_NV = ~functools.reduce(operator.or_, _hits(ids_NK, s_NV.shape[-1]))
-        rest_N = torch.logsumexp(torch.where(outside_NV, s_NV, float("-inf")), -1)
+        rest_N = torch.logsumexp(torch.where(_outside(ids_NK, s_NV.shape[-1]), s_NV, float("-inf")), -1)
         floor = torch.finfo(torch.float32).min / 4
         picked_NK = torch.where(is_first_NK, logits_NV.gather(-1, ids_NK).float(), floor)
         ctx.save_for_backward(logits_NV, ids_NK, is_first_NK, rest_N)
@@ -73,12 +70,11 @@ class _Compact(torch.autograd.Function):
     def backward(ctx, g_NB):
         logits_NV, ids_NK, is_first_NK, rest_N = ctx.saved_tensors
         s_NV = logits_NV.float() / ctx.temperature
-        hits = _hits(ids_NK, s_NV.shape[-1])
-        g_NK = torch.where(is_first_NK, g_NB[:, :-1], 0.0)
-        picked_NV = functools.reduce(torch.add, [torch.where(h, g_NK[:, k:k + 1], 0.0) for k, h in enumerate(hits)])
-        outside_NV = ~functools.reduce(operator.or_, hits)
-        rest_NV = torch.where(outside_NV, g_NB[:, -1:] * torch.exp(s_NV - rest_N.unsqueeze(-1)), 0.0)
-        return (picked_NV + rest_NV).to(logits_NV.dtype), None, None, None
+        outside_NV = _outside(ids_NK, s_NV.shape[-1])
+        grad_NV = torch.where(outside_NV, g_NB[:, -1:] * torch.exp(s_NV - rest_N.unsqueeze(-1)), 0.0).to(logits_NV.dtype)
+        # 0 at the ids, so adding g_k at first occurrences (0 at repeats) sets them exactly.
+        g_NK = torch.where(is_first_NK, g_NB[:, :-1], 0.0).to(logits_NV.dtype)
+        return grad_NV.scatter_add_(-1, ids_NK, g_NK), None, None, None
 
 
 class Student:
