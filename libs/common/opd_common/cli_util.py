@@ -6,6 +6,7 @@ import functools
 import logging
 import os
 import sys
+import threading
 
 import click
 
@@ -67,16 +68,18 @@ def close_vllm(llm) -> None:
 
 
 def console_main(command, args: list[str], prog_name: str):
-    """Run a click command as a console script. When vLLM ran in this process, shut its engines down
-    and leave with os._exit once the output is flushed: at interpreter teardown, threads that vLLM's
-    engine client leaves behind can abort the process (SIGABRT, "terminate called without an active
-    exception") after every record was written, turning a finished run into a failed one."""
+    """Run a click command as a console script. When vLLM ran in this process, or a daemon thread is
+    still alive (an input reader blocked on stdin after opd-train spent its --max-steps), shut vLLM's
+    engines down and leave with os._exit once the output is flushed: at interpreter teardown such
+    threads abort the process (SIGABRT: vLLM's "terminate called without an active exception", or
+    "could not acquire lock for <stdin> at interpreter shutdown") after all the work was done,
+    turning a finished run into a failed one."""
     try:
         command.main(args, prog_name=prog_name)
         code = 0
     except SystemExit as exc:
         code = exc.code
-    if not _VLLM["used"]:
+    if not _VLLM["used"] and not any(t.daemon and t.is_alive() for t in threading.enumerate()):
         raise SystemExit(code)
     for llm in list(_VLLM["engines"]):
         close_vllm(llm)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
-from opd_common.cli_util import handle_errors, setup_logging
+from opd_common.cli_util import console_main, handle_errors, setup_logging
 from opd_common.config import build, click_options
 
 from .config import TrainConfig
@@ -36,7 +38,7 @@ def train(inputs, config_file, **flags):
 
 
 def main(argv: list[str] | None = None):
-    return train.main(argv, prog_name="opd-train")
+    return console_main(train, sys.argv[1:] if argv is None else argv, "opd-train")
 
 
 if __name__ == "__main__":
