@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from test_rollout import BIN
-
-pytestmark = pytest.mark.slow
+from opd_common.errors import OpdError
+from opd_rollout.run import Follower
+from test_rollout import BIN, _line_reader, ok, rollout
 
 
 def pipeline(tiny_model: Path, tiny_teacher: Path, tmp: Path, engine: str, max_lag: int, steps: int,
@@ -45,6 +45,7 @@ def trained_by_step(records: list, rows: list) -> dict[int, list]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_max_lag_0_is_strictly_on_policy(tiny_model, tiny_teacher, tmp_path, engine):
     """Every record step s trains on was sampled by checkpoint s - 1 (the base model for step 1), the rollout
@@ -62,6 +63,7 @@ def test_max_lag_0_is_strictly_on_policy(tiny_model, tiny_teacher, tmp_path, eng
         assert row["ratio"] == pytest.approx(1.0, abs=1e-3), row
 
 
+@pytest.mark.slow
 def test_max_lag_1_lets_the_rollout_run_one_step_ahead(tiny_model, tiny_teacher, tmp_path):
     records, rows = loop(tiny_model, tiny_teacher, tmp_path, "hf", max_lag=1, steps=4)
     for step, recs in trained_by_step(records, rows).items():
@@ -82,6 +84,7 @@ def complete_lines(path: Path) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 def test_killed_loop_resumes_from_its_checkpoint_and_trains_no_record_twice(tiny_model, tiny_teacher, tmp_path):
     """The whole pipeline is killed (SIGKILL) once checkpoint 2 exists; restarted with opd-train --resume
     --input-continues, the rollout skips the prompts already trained and the run ends at exactly 5 steps."""
@@ -117,3 +120,132 @@ def test_killed_loop_resumes_from_its_checkpoint_and_trains_no_record_twice(tiny
     assert len(ids) == len(set(ids)) == 5 * 4  # every trained record once, 5 steps x 2 groups x 2 samples
     for step, recs in trained_by_step(trained_first + trained_second, rows).items():
         assert {r["policy"]["version"] for r in recs} == {step - 1}, step
+
+
+# --------------------------------------------------------------------------- dynamic sampling in the loop
+
+# A stand-in verifier (the tiny random model answers nothing right): the g-th prompt of the stream has one
+# correct sample of two when g % 3 != 1, else none, so every third group is all wrong and dynamic sampling
+# drops it. One line in, one line out, flushed: it streams like opd-score.
+MIXED_REWARD = """
+import json, sys
+groups = []
+for line in sys.stdin:
+    rec = json.loads(line)
+    if rec["prompt_id"] not in groups:
+        groups.append(rec["prompt_id"])
+    correct = groups.index(rec["prompt_id"]) % 3 != 1 and rec["sample"] == 0
+    rec["reward"] = dict(rec["reward"], correct=correct, total=float(correct))
+    sys.stdout.write(json.dumps(rec) + "\\n")
+    sys.stdout.flush()
+"""
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_loop_samples_for_a_starved_trainer_and_stays_on_policy(tiny_model, tmp_path):
+    """--loss dapo with --max-lag 0: a rollout batch whose groups are dropped leaves the step short; the trainer
+    says so in reader.json and the rollout samples another batch with the same checkpoint instead of waiting
+    (--follow-timeout 60 would fail the pipe). Groups left over from such a batch are dropped as stale by
+    --max-staleness 0, so every record a step trains on was sampled by the previous step's checkpoint.
+
+    The stream, 2 prompts a batch (groups g0 g1 | g2 g3 | ...; g1, g4, g7 all wrong): step 1 keeps g0, is
+    starved, gets g2 g3 (version 0) and keeps g2; step 2 drops g3 (stale) and g4 (uniform), keeps g5, is
+    starved, gets g6 g7 (version 1) and keeps g6; step 3 drops g7 (stale), keeps g8 g9."""
+    run_dir, rollouts = tmp_path / "run", tmp_path / "rollouts.jsonl"
+    (tmp_path / "reward.py").write_text(MIXED_REWARD)
+    command = (
+        f"{BIN}/opd-rollout --model {tiny_model} --engine hf --follow {run_dir} --max-lag 0 --follow-timeout 60 "
+        f"--batch-prompts 2 -n 2 --max-tokens 8 --limit 20 train-math | tee {rollouts} | "
+        f"{BIN}/opd-score --reward math --quiet | {BIN}/python -u {tmp_path / 'reward.py'} | "
+        f"{BIN}/opd-train --model {tiny_model} --loss dapo --max-staleness 0 --out {run_dir} --max-steps 3 "
+        f"--batch-groups 2 --save-every 1 --lora-r 8 --lora-alpha 16 --lr 1e-3 --quiet")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "sampling another batch with version 0" in done.stderr, done.stderr[-3000:]
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["groups_read"], r["groups_dropped"], r["records_stale"]) for r in rows] == [
+        (1, 3, 1, 0), (2, 3, 1, 2), (3, 2, 0, 2)]
+    assert [records[i]["policy"]["version"] for i in range(0, len(records), 4)] == [0, 0, 1, 1, 2]
+    mixed, start = mixed_prompts(records), 0
+    for row in rows:  # the groups a step kept: not stale, not all wrong; all sampled by checkpoint step - 1
+        read, start = records[start:row["records_read"]], row["records_read"]
+        kept = [r for r in read if r["policy"]["version"] >= row["step"] - 1 and r["prompt_id"] in mixed]
+        assert len(kept) == 4 == row["records"], row["step"]
+        assert {r["policy"]["version"] for r in kept} == {row["step"] - 1}, row["step"]
+        assert row["ratio"] == pytest.approx(1.0, abs=1e-3), row
+    reader = json.loads((run_dir / "reader.json").read_text())  # written whenever its input ran dry
+    assert reader["filling"] == reader["steps_done"] + 1 <= 3 and reader["records_read"] <= 16
+
+
+def mixed_prompts(records: list) -> set:
+    """The prompt ids MIXED_REWARD gives one right answer (the g-th prompt in stream order, g % 3 != 1)."""
+    order = list(dict.fromkeys(r["prompt_id"] for r in records))
+    return {p for g, p in enumerate(order) if g % 3 != 1}
+
+
+class _Config:
+    follow_timeout, max_lag, n = 0.3, 0, 2
+
+    def __init__(self, run_dir: Path):
+        self.follow = str(run_dir)
+
+
+def test_follower_samples_again_only_for_a_trainer_that_has_read_everything(tmp_path):
+    """At its lag limit the rollout samples another batch only when the trainer's reader.json (written by this
+    trainer, not a killed one) says it is still at the newest checkpoint's step and has read every record the
+    rollout wrote; a trainer that is behind still fails after --follow-timeout, naming what it read."""
+    import time
+
+    def reader(steps_done: int, read: int) -> None:
+        (tmp_path / "reader.json").write_text(json.dumps(
+            {"steps_done": steps_done, "filling": steps_done + 1, "records_read": read, "time": time.time()}))
+
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"max_steps": 3, "max_staleness": 0}}))
+    reader(0, 4)  # a killed trainer's, there before the rollout started
+    follower = Follower(_Config(tmp_path))
+    follower.batch, follower.emitted = 1, 4  # batch 0 (4 records) written; batch 1 needs step 1
+    stuck = (f"--follow {tmp_path}: the trainer is at step 0, batch 1 needs step >= 1, and nothing changed for "
+             "--follow-timeout 0.3 s")
+    hint = " (is opd-train running with --save-every 1?)"
+    for state, read in [(None, None), ((0, 2), 2), ((1, 4), 4)]:
+        if state is not None:
+            reader(*state)  # still reading / another step's
+        with pytest.raises(OpdError) as error:
+            follower.before_batch(engine=None)
+        reading = "" if read is None else f"; it has read {read} of the 4 records sampled"
+        assert str(error.value) == stuck + reading + hint, state
+    reader(0, 4)  # starved: sample again (same version), still waiting for step 1 before batch 1
+    assert follower.before_batch(engine=None) is True
+    assert (follower.batch, follower.version) == (1, 0)
+
+
+@pytest.mark.slow  # real subprocesses: interpreter, torch and two workers' start-up
+def test_data_parallel_scorer_writes_each_window_while_its_input_pauses(tiny_model, tmp_path):
+    """opd-score --data-parallel 2 in the loop: the rollout writes a batch and waits for the trainer, which
+    waits for that batch's scores; they come out while the scorer's stdin stays open (they used to wait for
+    the next window or the end of input, a deadlock)."""
+    records = ok(rollout(tiny_model, "-n", "2", "--max-tokens", "4", "--limit", "2", "train-math")).stdout_bytes
+    lines_in = records.splitlines(keepends=True)
+    cmd = [str(BIN / "opd-score"), "--quiet", "--reward", "math", "--data-parallel", "2", "-"]
+    with open(tmp_path / "stderr", "wb") as err:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        try:
+            lines = _line_reader(proc.stdout)
+            for batch in (lines_in[:2], lines_in[2:]):
+                proc.stdin.write(b"".join(batch))
+                proc.stdin.flush()
+                for line in batch:
+                    out = lines.get(timeout=120)  # stdin stays open: only streaming can produce this
+                    assert out is not None, (tmp_path / "stderr").read_text()
+                    assert json.loads(out)["id"] == json.loads(line)["id"] and "reward" in json.loads(out)
+            proc.stdin.close()
+            assert proc.wait(timeout=60) == 0, (tmp_path / "stderr").read_text()
+            assert lines.get(timeout=5) is None
+        finally:
+            if not proc.stdin.closed:
+                proc.stdin.close()  # ends the workers too (a killed parent would leave them behind)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()

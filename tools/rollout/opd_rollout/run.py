@@ -19,6 +19,7 @@ from .prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt
 from .sampling import derive_seed
 
 log = logging.getLogger("opd-rollout")
+READER = "reader.json"  # opd-train's input reader state in its run dir (opd_train.run.READER)
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,6 +93,8 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
                 writer.write(make_record(config, row, sample, seed, prompt_ids, completion))
                 tokens += len(completion.response_ids)
             writer.flush()
+            if follower is not None:
+                follower.emitted += len(requests)
             samples += len(requests)
             bar.update(len(requests))
             bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
@@ -105,25 +108,57 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
 
 class Follower:
     """--follow RUN_DIR: before batch b, wait until the trainer has done b - L steps, then sample with its
-    newest checkpoint (policy.version = that step). Stops once the trainer has finished its budget."""
+    newest checkpoint (policy.version = that step). Stops once the trainer has finished its budget.
+
+    A trainer that drops records (dynamic sampling, --max-staleness) may need more than one batch for a
+    step. When it has read every record emitted so far and waits for more (its RUN/reader.json), the
+    rollout samples an extra batch with the newest checkpoint instead of waiting: that batch's version is
+    the step before the one it fills, so --max-lag 0 stays strictly on-policy.
+    """
 
     def __init__(self, config):
         self.config = config
         self.run_dir = Path(config.follow)
         self.batch = 0
         self.version = 0
+        self.emitted = 0  # records written, counted as the trainer counts records_read (from the run's start)
+        self.before = self.reader_text()  # a reader.json already there is a previous (killed) trainer's
+        self.warned = False
+
+    def reader_text(self) -> str | None:
+        try:
+            return (self.run_dir / READER).read_text()
+        except OSError:
+            return None
+
+    def run_config(self) -> dict:
+        config_file = self.run_dir / "config.json"
+        return json.loads(config_file.read_text())["config"] if config_file.exists() else {}
 
     def trainer_state(self) -> tuple[int, int | None, Path | None]:
         """(steps done, the run's --max-steps, newest checkpoint) as the run dir says now."""
-        max_steps = None
-        config_file = self.run_dir / "config.json"
-        if config_file.exists():
-            max_steps = json.loads(config_file.read_text())["config"].get("max_steps")
+        max_steps = self.run_config().get("max_steps")
         latest = self.run_dir / "latest"
         if not latest.exists():
             return 0, max_steps, None
         path = self.run_dir / latest.read_text().strip()
         return adapter_version(str(path)), max_steps, path
+
+    def reader(self) -> dict:
+        """The trainer's RUN/reader.json, written each time its input runs dry ({} when absent or older)."""
+        text = self.reader_text()
+        if text is None or text == self.before:
+            return {}
+        try:
+            state = json.loads(text)
+        except ValueError:
+            return {}
+        return state if isinstance(state, dict) else {}
+
+    def starved(self, step: int) -> bool:
+        """The trainer at `step` steps has read every record emitted so far and waits for more."""
+        state = self.reader()
+        return state.get("steps_done") == step and state.get("records_read", -1) >= self.emitted
 
     def skip_trained(self, rows):
         """A restarted loop: skip the prompts whose groups the run's newest checkpoint has trained on."""
@@ -133,6 +168,7 @@ class Follower:
         read = json.loads((path / "trainer_state.json").read_text()).get("records_read", 0)
         skip = read // self.config.n
         self.batch = step
+        self.emitted = read  # the resumed trainer counts on from here
         log.info("--follow: %s has trained %d steps on %d records; skipping the first %d prompts", path.name, step,
                  read, skip)
         return itertools.islice(rows, skip, None)
@@ -145,12 +181,15 @@ class Follower:
             if max_steps is not None and step >= max_steps:
                 log.info("the trainer in %s finished its %d steps; stopping", self.run_dir, max_steps)
                 return False
-            if step >= self.batch - self.config.max_lag:
+            extra = step < self.batch - self.config.max_lag
+            if not extra or self.starved(step):
                 break
             if time.monotonic() > deadline:
+                read = self.reader().get("records_read")
+                reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
                 raise OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
                                f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "
-                               f"{self.config.follow_timeout:g} s (is opd-train running with --save-every 1?)")
+                               f"{self.config.follow_timeout:g} s{reading} (is opd-train running with --save-every 1?)")
             time.sleep(0.2)
         if path is not None and step != self.version:
             adapter_version.cache_clear()
@@ -158,8 +197,20 @@ class Follower:
             self.config.adapter = str(path)  # stamped into the records with its version
             self.version = step
             log.info("batch %d: sampling with %s (version %d)", self.batch, path.name, step)
-        self.batch += 1
+        if extra:
+            self.extra_batch(step)
+        else:
+            self.batch += 1
         return True
+
+    def extra_batch(self, step: int) -> None:
+        log.info("the trainer read all %d records and needs more for step %d (it dropped groups: "
+                 "dynamic sampling or --max-staleness); "
+                 "sampling another batch with version %d", self.emitted, step + 1, step)
+        if self.config.max_lag == 0 and self.run_config().get("max_staleness") != 0 and not self.warned:
+            self.warned = True
+            log.warning("--max-lag 0: groups left over from an extra batch are trained a step later unless "
+                        "opd-train has --max-staleness 0 (it drops them), as the strictly on-policy loop needs")
 
 
 def _request(prompt_ids, seed):

@@ -5,6 +5,7 @@ to a shared task queue that N spawned workers (each with its own teachers on its
 share of the CPU cores) drain. Results come back tagged with their window number and the parent
 yields them in order, so the output is the same records in the same order as one process, and
 ``--out``/``--resume`` work unchanged (only the parent writes). At most 2 x N windows are in flight.
+A feeder thread reads the input, so a scored window goes out while the input pauses.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def _worker(rank: int, config, setup: dict, tasks, results) -> None:
 def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
     """Yield scored windows in input order, scored by `n` worker processes."""
     import multiprocessing as mp
+    import threading
 
     setups = worker_devices(config, n)
     ctx = mp.get_context("spawn")
@@ -76,22 +78,28 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
                          name=f"opd-score-worker-{r}") for r in range(n)]
     for p in procs:
         p.start()
-    done: dict[int, list] = {}
-    submitted = emitted = 0
-    exhausted = False
-    try:
-        while True:
-            while not exhausted and submitted - emitted < 2 * n:
-                window = next(windows, None)
-                if window is None:
-                    exhausted = True
-                    break
+    # A feeder thread hands windows out as they arrive, so a scored window goes out while the input
+    # pauses (the on-policy loop: the rollout waits for the trainer, which waits for these records).
+    slots = threading.Semaphore(2 * n)
+    fed: dict = {"total": None, "error": None}
+
+    def feed() -> None:
+        submitted = 0
+        try:
+            while slots.acquire() and (window := next(windows, None)) is not None:
                 tasks.put((submitted, window))
                 submitted += 1
-            if exhausted and emitted == submitted:
-                break
+        except BaseException as exc:  # raised by the consumer below
+            fed["error"] = exc
+        fed["total"] = submitted
+
+    threading.Thread(target=feed, daemon=True, name="opd-score-feeder").start()
+    done: dict[int, list] = {}
+    emitted = 0
+    try:
+        while fed["total"] is None or emitted < fed["total"]:
             try:
-                number, rank, payload = results.get(timeout=1.0)
+                number, rank, payload = results.get(timeout=0.2)
             except queue.Empty:
                 dead = [p for p in procs if not p.is_alive()]
                 if dead:
@@ -104,6 +112,9 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
             while emitted in done:
                 yield done.pop(emitted)
                 emitted += 1
+                slots.release()
+        if fed["error"] is not None:
+            raise fed["error"]
         for _ in procs:
             tasks.put(_STOP)
         for p in procs:

@@ -3,15 +3,19 @@
 The loop: read the next step's batch lazily, cut it into micro-batches by token budget,
 forward/backward each (losses are token sums over the whole step's token count, so any cut gives
 the same gradient), clip, AdamW step, log one metrics line, checkpoint every --save-every steps
-and at the end. Exactly --max-steps steps; --resume continues from `latest`.
+and at the end. Exactly --max-steps steps; --resume continues from `latest`. Whenever the input
+runs dry mid-step, `reader.json` in the run directory says how many records were read and which
+step waits for more (opd-rollout --follow samples again for a trainer starved by dynamic sampling).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
+import queue
 import shutil
 import sys
 import time
@@ -26,6 +30,9 @@ from . import checkpoint as ckpt
 from .data import StepBatches, make_example, micro_batches
 
 log = logging.getLogger("opd-train")
+
+READER = "reader.json"  # the input reader's state while it waits for records (opd-rollout --follow reads it)
+_END = object()
 
 # options that may differ between a run and its --resume
 NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device", "publish", "input_continues"}
@@ -258,6 +265,56 @@ def skip_read(items, consumed: int, last_id: str | None):
                           "pass the run's inputs again in the same order (new input after them)")
 
 
+def announce_waits(items, announce, wait: float = 0.05):
+    """`items` through a reader thread; announce() each time the next one is not there within `wait` seconds
+    (the input ran dry and the trainer blocks on it)."""
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=8)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def reader() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as exc:  # raised in the trainer's thread
+            put(exc)
+
+    threading.Thread(target=reader, daemon=True, name="opd-train-reader").start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=wait)
+            except queue.Empty:
+                announce()
+                item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
+def publish_reader(run_dir: Path, stream: StepBatches) -> None:
+    """RUN/reader.json: the step being filled and the records read so far, written when the input runs dry."""
+    state = {"steps_done": stream.step, "filling": stream.step + 1, "records_read": stream.consumed,
+             "pending": len(stream.pending), "groups_dropped": stream.groups_dropped, "time": time.time()}
+    ckpt.write_atomic(run_dir / READER, json.dumps(state) + "\n")
+
+
 def run(config, inputs: list[str], stdout=None) -> int:
     """Train under the step budget; see the module docstring."""
     from opd_common.cli_util import progress
@@ -284,6 +341,8 @@ def run(config, inputs: list[str], stdout=None) -> int:
         items = skip_read(items, trainer.consumed, trainer.last_id)
     stream = StepBatches(items, config, _example_maker(config, trainer.tokenizer), trainer.consumed, trainer.pending)
     stream.last_id = trainer.last_id
+    if trainer.rank == 0:
+        stream.items = announce_waits(stream.items, functools.partial(publish_reader, run_dir, stream))
     metrics = None
     with open(run_dir / ckpt.METRICS, "a") as metrics_file, \
             progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
