@@ -309,23 +309,109 @@ def test_metrics_stdout_and_stdin(scored, tiny_model, tmp_path):
     assert quiet.stdout == ""
 
 
-@pytest.mark.slow
-def test_two_ranks_under_accelerate_launch_match_one_process(scored, tiny_model, tmp_path):
-    """accelerate launch --cpu --num_processes 2 (gloo): each rank trains on half of each step's records,
-    gradients and metric contributions are summed, so the metrics equal one process's."""
-    args = [*base_args(tiny_model, None, "--loss", "shift", "--max-steps", "2", "--batch-size", "8"), "--quiet", str(scored)]
-    ok(train(*args, "--out", str(tmp_path / "one")))
+# --------------------------------------------------------------------------- accelerate launch (2 ranks on CPU)
+
+# accelerate's --cpu flag runs ONE process (several CPU processes need mpirun there), so the ranks
+# come from its torchrun launcher (distributed_type MULTI_GPU or FSDP) and join a gloo group (--device cpu).
+ACCELERATE = {
+    "ddp": {"distributed_type": "MULTI_GPU"},
+    "fsdp": {"distributed_type": "FSDP",
+             "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                             "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT",
+                             "fsdp_cpu_ram_efficient_loading": False}},
+}
+
+
+def launch(tmp_path: Path, kind: str, *args: str, stdin: bytes = b"", **fsdp_config) -> subprocess.CompletedProcess:
+    """accelerate launch --config_file (2 processes, a free port) -m opd_train.cli ARGS < stdin."""
+    config = {"compute_environment": "LOCAL_MACHINE", "mixed_precision": "no", "num_machines": 1, "num_processes": 2,
+              "machine_rank": 0, "main_process_port": 0, **ACCELERATE[kind]}
+    if fsdp_config:
+        config["fsdp_config"] = {**config["fsdp_config"], **fsdp_config}
+    path = tmp_path / f"accelerate-{kind}.yaml"
+    path.write_text(json.dumps(config))  # YAML reads JSON
     launcher = Path(sys.executable).with_name("accelerate")
-    done = subprocess.run([str(launcher), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
-                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "opd_train.cli", *args,
-                           "--out", str(tmp_path / "two")], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    one, two = metrics(tmp_path / "one"), metrics(tmp_path / "two")
-    assert len(one) == len(two) == 2
-    for a, b in zip(one, two, strict=True):
+    done = subprocess.run([str(launcher), "launch", "--config_file", str(path), "-m", "opd_train.cli", *args],
+                          capture_output=True, input=stdin, timeout=600)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def assert_same_run(one: Path, two: Path, kind: str) -> None:
+    """Same metrics, same checkpoints, final adapters equal to float tolerance; `two` ran on 2 ranks (FSDP or not)."""
+    rows_one, rows_two = metrics(one), metrics(two)
+    assert len(rows_one) == len(rows_two)
+    for a, b in zip(rows_one, rows_two, strict=True):
+        assert a.keys() == b.keys()
         for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
+    last = (one / "latest").read_text()
+    assert (two / "latest").read_text() == last
+    state = json.loads((two / last.strip() / "trainer_state.json").read_text())
+    assert (state["world_size"], state["fsdp"]) == (2, kind == "fsdp")
+    from safetensors.torch import load_file
+
+    want, got = (load_file(str(run / last.strip() / "adapter_model.safetensors")) for run in (one, two))
+    assert want.keys() == got.keys() and len(want) == 28  # 2 layers x 7 projections x (A, B)
+    for key, w in want.items():
+        assert float((w - got[key]).abs().max()) <= 1e-5, key  # weights ~0.1, steps of lr 1e-3
+
+
+@pytest.mark.slow  # one process, then a launch of two that load torch: ~20 s on 2 cores
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_two_ranks_under_accelerate_launch_match_one_process(scored, tiny_model, tmp_path, kind):
+    """accelerate launch, 2 processes (gloo), data parallel or FSDP2 (base weights sharded per layer): each rank
+    trains on its share of each step's 5 records, gradients and metric contributions are summed, so the loss
+    curve and the final adapter equal one process's with the same global batch. The 300-token micro-batches
+    give the ranks 3 and 2 passes (FSDP: the second makes a third at weight 0, as every pass gathers weights).
+    Data parallel reads stdin (rank 0 reads the pipe and sends the batches), FSDP a file."""
+    args = [*base_args(tiny_model, None, "--loss", "shift", "--max-steps", "3", "--batch-size", "5", "--save-every", "2",
+                       "--micro-batch-tokens", "300"), "--device", "cpu", "--quiet", "--out"]
+    ok(train(*args, str(tmp_path / "one"), str(scored)))
+    source, stdin = ("-", scored.read_bytes()) if kind == "ddp" else (str(scored), b"")
+    done = launch(tmp_path, kind, *args, str(tmp_path / "two"), source, stdin=stdin)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(tmp_path / "one", tmp_path / "two", kind)
+    from peft import PeftModel
+
+    PeftModel.from_pretrained(load_model(tiny_model), tmp_path / "two" / "checkpoint-000003")  # a plain peft adapter
+
+
+@pytest.mark.slow  # one process, then two launches of two: ~35 s on 2 cores
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_two_ranks_resume_and_a_rank_without_records(scored, tiny_model, tmp_path, kind):
+    """One record per step, so rank 1 never has one (it reports zeros, and under FSDP makes rank 0's passes
+    at weight 0); the input ends after 2 of 4 steps, --resume on 2 ranks reads on from the checkpoint
+    (optimizer, schedule): the 4 steps and the final adapter equal one uninterrupted process's."""
+    lines = scored.read_bytes().splitlines(keepends=True)
+    first, rest = tmp_path / "first.jsonl", tmp_path / "rest.jsonl"
+    first.write_bytes(b"".join(lines[:2]))
+    rest.write_bytes(b"".join(lines[2:]))
+    args = [*base_args(tiny_model, None, "--loss", "rkl", "--max-steps", "4", "--batch-size", "1", "--save-every", "1",
+                       "--lr-schedule", "cosine", "--warmup-steps", "1", "--allow-short"), "--device", "cpu", "--quiet"]
+    ok(train(*args, "--out", str(tmp_path / "one"), str(scored)))
+    done = launch(tmp_path, kind, *args, "--out", str(tmp_path / "two"), str(first))
+    assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "two" / "latest").read_text() == "checkpoint-000002\n"
+    done = launch(tmp_path, kind, *args, "--out", str(tmp_path / "two"), "--resume", str(first), str(rest))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(tmp_path / "one", tmp_path / "two", kind)
+
+
+@pytest.mark.slow  # a launch of two processes that stop before loading the model: ~7 s
+@pytest.mark.parametrize("setting, expected", [
+    ({"fsdp_version": 1}, "opd-train supports FSDP2 only, but the accelerate config has fsdp_version 1; set "
+                          "fsdp_version: 2 in it (or pass --fsdp_version 2 to accelerate launch)"),
+    ({"fsdp_offload_params": True}, "the accelerate config sets fsdp_offload_params: true, which opd-train does not "
+                                    "support (only the LoRA weights train, and opd-train keeps them and their "
+                                    "optimizer state on the device); set it to false"),
+])
+def test_fsdp_settings_it_cannot_honour_fail_before_the_run_dir(scored, tiny_model, tmp_path, setting, expected):
+    run_dir = tmp_path / "run"
+    done = launch(tmp_path, "fsdp", *base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "1",
+                                               "--batch-size", "2"), "--device", "cpu", "--quiet", str(scored), **setting)
+    assert done.returncode != 0
+    assert f"Error: {expected}\n" in done.stderr, done.stderr[-3000:]  # (the launcher may stop the other rank first)
+    assert not run_dir.exists()
 
 
 def test_publish_each_checkpoint_as_it_is_saved_and_stop_when_it_fails(scored, tiny_model, tmp_path):

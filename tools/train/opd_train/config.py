@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from opd_common.config import opt
@@ -129,3 +130,7 @@ class TrainConfig:
             raise ConfigError(f"--beta-eps must be in [0, 1), got {self.beta_eps}")
         if self.warmup_steps < 0:
             raise ConfigError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # under accelerate launch: FSDP settings it cannot honour
+            from .distributed import fsdp_settings
+
+            fsdp_settings()

@@ -27,6 +27,7 @@ from opd_common.records import Where
 from opd_common.streams import decode_line, encode, iter_inputs
 
 from . import checkpoint as ckpt
+from . import distributed
 from .data import StepBatches, make_example, micro_batches
 
 log = logging.getLogger("opd-train")
@@ -134,14 +135,16 @@ class Trainer:
         self.config = config
         self.run_dir = run_dir
         self.world, self.rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+        self.fsdp = None
         if device is None:
             device = pick_device(config.device)
-            if self.world > 1:
-                from accelerate import PartialState
-
-                device = str(PartialState().device)
+            if self.world > 1:  # under accelerate launch (distributed.py)
+                self.fsdp = distributed.fsdp_settings()
+                device = distributed.init_process_group(device)
         self.tokenizer = load_tokenizer(config.model, config.revision) if lm is None else None
         self.student = Student(config, device, lm)
+        if self.fsdp is not None:
+            distributed.shard_base(self.student, self.fsdp)
         self.optimizer = torch.optim.AdamW(self.student.params, lr=config.lr, weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, config.warmup_steps, config.max_steps, config.lr_schedule))
@@ -178,7 +181,8 @@ class Trainer:
         if self.rank != 0:
             return
         summary = {"step": self.step, "max_steps": self.config.max_steps, "records_read": self.consumed,
-                   "complete": self.step >= self.config.max_steps, "beta": self.beta, "metrics": metrics}
+                   "complete": self.step >= self.config.max_steps, "beta": self.beta, "metrics": metrics,
+                   "world_size": self.world, "fsdp": self.fsdp is not None}
         path = ckpt.save(self.run_dir, self.step, self.student, self.tokenizer, self.state(), summary)
         log.info("saved %s", path)
         if self.config.publish:
@@ -210,8 +214,11 @@ class Trainer:
         local = sorted(examples[self.rank::self.world], key=lambda e: -e.length)
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
-        for mb in micro_batches(local, cfg.micro_batch_tokens):
-            for key, value in self.student.micro_step(mb, num_tokens, self.beta).items():
+        passes = [(mb, num_tokens) for mb in micro_batches(local, cfg.micro_batch_tokens)]
+        if self.world > 1:  # passes of weight 0 (divided by inf) where FSDP or an idle rank needs them
+            passes += [(mb, math.inf) for mb in distributed.padding(len(passes), examples, self.student.device, self.fsdp)]
+        for mb, tokens in passes:
+            for key, value in self.student.micro_step(mb, tokens, self.beta).items():
                 totals[key] = totals.get(key, 0.0) + value
         if self.world > 1:
             totals = self._all_reduce(totals)
@@ -343,6 +350,8 @@ def run(config, inputs: list[str], stdout=None) -> int:
     stream.last_id = trainer.last_id
     if trainer.rank == 0:
         stream.items = announce_waits(stream.items, functools.partial(publish_reader, run_dir, stream))
+    if trainer.world > 1:  # rank 0 reads the input and sends each batch to the other ranks
+        stream = distributed.SharedBatches(stream, trainer.rank)
     metrics = None
     with open(run_dir / ckpt.METRICS, "a") as metrics_file, \
             progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
