@@ -30,12 +30,10 @@
 #     generating until the batch has G informative groups. Here each rollout batch has F x G prompts
 #     (--gen-factor F, default 3, DAPO's generation batch), sampled with the newest checkpoint; the
 #     trainer keeps the first G informative groups, and --max-staleness 0 drops the leftovers at the
-#     next step, so every step still trains on the previous step's policy only. `opd-rollout --follow`
-#     samples one batch per trainer step, so if a whole batch has fewer than G informative groups the
-#     trainer waits for input the rollout will not produce until the step ends: the pipe stalls until
-#     --follow-timeout (default 3600 s) instead of failing with the trainer's clean
-#     --max-candidate-batches error. Raise --gen-factor when the model is mostly right or mostly wrong
-#     (a tool limitation, reported; see recipes/README.md).
+#     next step, so every step still trains on the previous step's policy only. When a batch has
+#     fewer than G informative groups the trainer says so in OUT/reader.json and the rollout samples
+#     another batch with the same checkpoint (the trainer's --max-candidate-batches bounds how many it
+#     reads). --gen-factor only sets how much is sampled at once.
 #   - A tiny random model answers nothing right, so every group is all-wrong and dynamic sampling
 #     would drop them all: the tests pass --extra-train --no-dynamic-sampling (all advantages are 0,
 #     only the k3 term moves the adapter) and --gen-factor 1.
