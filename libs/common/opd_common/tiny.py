@@ -52,13 +52,19 @@ def _corpus(max_rows: int) -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = 2048, corpus_rows: int = 1500):
-    """Train a byte-level BPE on bundled MATH text; returns a PreTrainedTokenizerFast."""
+def build_tokenizer(vocab_size: int = 2048, corpus_rows: int = 1500, split_digits: bool = False):
+    """Train a byte-level BPE on bundled MATH text; returns a PreTrainedTokenizerFast.
+
+    ``split_digits`` makes every digit its own token (as Qwen's tokenizers do), for arithmetic.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
