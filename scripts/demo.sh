@@ -8,6 +8,9 @@
 #   3. On-policy distillation through the real pipeline, strictly on-policy (--max-lag 0: every step
 #      trains on samples of the previous step's adapter):
 #        opd-rollout --follow RUN | opd-score --teacher t=TEACHER --topk 16 | opd-train --loss fkl --out RUN
+#      Forward KL on the teacher's top-16 with the tail bucket, without OPSD's per-summand clip
+#      (--kl-clip 0): with the clip at 0.05 this student learned next to nothing (its summands are
+#      large); rkl at lr 2e-3 diverged. lr 1e-3; --save-every 1 is what lets --max-lag 0 advance.
 #   4. opd-eval of the student before (step 0) and after distillation on the held-out problems,
 #      opd-eval compare (accuracy gain, paired 95% CI, p-value), opd-eval report (Markdown + plot).
 #
