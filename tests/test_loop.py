@@ -73,6 +73,22 @@ def test_max_lag_1_lets_the_rollout_run_one_step_ahead(tiny_model, tiny_teacher,
     assert all(v >= b - 1 for b, v in enumerate(batch_versions))
 
 
+@pytest.mark.slow
+def test_a_loop_whose_trainer_does_not_checkpoint_every_step_fails_at_once(tiny_model, tiny_teacher, tmp_path):
+    """--max-lag 0 with opd-train --save-every 3: batch 1 needs checkpoint 1, which the trainer will not write;
+    the pipe fails within seconds naming the fix (it used to hang for --follow-timeout, an hour by default)."""
+    command = pipeline(tiny_model, tiny_teacher, tmp_path, "hf", 0, 4, tmp_path / "rollouts.jsonl",
+                       train_extra="--save-every 3")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert ("the trainer has done 1 steps and waits for records, but its newest checkpoint is step 0 "
+            "(--save-every 3)") in done.stderr, done.stderr[-3000:]
+    assert "run opd-train with --save-every 1 in a --follow loop" in done.stderr
+    # the trainer's input ended short: it saved what it did as a resumable checkpoint that says so
+    state = json.loads((tmp_path / "run" / "checkpoint-000001" / "trainer_state.json").read_text())
+    assert (state["step"], state["max_steps"], state["complete"]) == (1, 4, False)
+
+
 def complete_lines(path: Path) -> list[dict]:
     """Records of a file a killed writer may have left with a partial last line."""
     out = []
@@ -208,13 +224,27 @@ def test_follower_samples_again_only_for_a_trainer_that_has_read_everything(tmp_
     stuck = (f"--follow {tmp_path}: the trainer is at step 0, batch 1 needs step >= 1, and nothing changed for "
              "--follow-timeout 0.3 s")
     hint = " (is opd-train running with --save-every 1?)"
-    for state, read in [(None, None), ((0, 2), 2), ((1, 4), 4)]:
+    for state, read in [(None, None), ((0, 2), 2)]:
         if state is not None:
-            reader(*state)  # still reading / another step's
+            reader(*state)  # still reading
         with pytest.raises(OpdError) as error:
             follower.before_batch(engine=None)
         reading = "" if read is None else f"; it has read {read} of the 4 records sampled"
         assert str(error.value) == stuck + reading + hint, state
+    # a trainer a step past its newest checkpoint, waiting for records: it will not write the checkpoint
+    # this batch needs, so the rollout fails at once (not after --follow-timeout) and says why
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"max_steps": 3, "max_staleness": 0, "save_every": 2}}))
+    reader(1, 4)
+    follower.config.follow_timeout = 3600
+    started = time.monotonic()
+    with pytest.raises(OpdError) as error:
+        follower.before_batch(engine=None)
+    assert time.monotonic() - started < 5
+    assert str(error.value) == (
+        f"--follow {tmp_path}: the trainer has done 1 steps and waits for records, but its newest checkpoint is "
+        "step 0 (--save-every 2), so this rollout cannot sample the next batch with --max-lag 0: run opd-train "
+        "with --save-every 1 in a --follow loop")
+    follower.config.follow_timeout = 0.3
     reader(0, 4)  # starved: sample again (same version), still waiting for step 1 before batch 1
     assert follower.before_batch(engine=None) is True
     assert (follower.batch, follower.version) == (1, 0)

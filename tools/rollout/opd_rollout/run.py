@@ -160,6 +160,22 @@ class Follower:
         state = self.reader()
         return state.get("steps_done") == step and state.get("records_read", -1) >= self.emitted
 
+    def check_checkpoints(self) -> None:
+        """Fail at once, not after --follow-timeout, when the trainer waits for records that this rollout
+        would only sample from a checkpoint the trainer is not going to write (it saves every N > 1 steps,
+        or only at the end)."""
+        state = self.reader()  # before the checkpoint: the trainer saves a step before it reads for the next
+        done = state.get("steps_done", -1)
+        if state.get("records_read", -1) < self.emitted:
+            return
+        step = self.trainer_state()[0]
+        if done > step:
+            every = self.run_config().get("save_every")
+            saves = f"--save-every {every}" if every else "no --save-every (it saves only at the end)"
+            raise OpdError(f"--follow {self.run_dir}: the trainer has done {done} steps and waits for records, but its "
+                           f"newest checkpoint is step {step} ({saves}), so this rollout cannot sample the next batch "
+                           f"with --max-lag {self.config.max_lag}: run opd-train with --save-every 1 in a --follow loop")
+
     def skip_trained(self, rows):
         """A restarted loop: skip the prompts whose groups the run's newest checkpoint has trained on."""
         step, _, path = self.trainer_state()
@@ -184,6 +200,7 @@ class Follower:
             extra = step < self.batch - self.config.max_lag
             if not extra or self.starved(step):
                 break
+            self.check_checkpoints()
             if time.monotonic() > deadline:
                 read = self.reader().get("records_read")
                 reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
