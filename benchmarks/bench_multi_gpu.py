@@ -29,14 +29,6 @@ import sys
 import time
 from pathlib import Path
 
-ACCELERATE = {
-    "ddp": {"distributed_type": "MULTI_GPU"},
-    "fsdp": {"distributed_type": "FSDP",
-             "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                             "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT",
-                             "fsdp_cpu_ram_efficient_loading": False}},
-}
-
 
 def build_model(out: Path, tiny: bool, device: str) -> None:
     import torch
@@ -92,8 +84,9 @@ def run(kind: str, gpus: int, work: Path, args: list[str], cpu: bool) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
         cmd = [sys.executable, "-m", "opd_train.cli", *args, "--out", str(out)]
     else:
-        config = {"compute_environment": "LOCAL_MACHINE", "mixed_precision": "no", "num_machines": 1,
-                  "num_processes": gpus, "machine_rank": 0, "main_process_port": 0, **ACCELERATE[kind]}
+        from opd_train.distributed import accelerate_config
+
+        config = accelerate_config(kind, gpus)
         path = work / f"accelerate-{kind}.yaml"
         path.write_text(json.dumps(config))  # YAML reads JSON
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(path), "-m", "opd_train.cli",

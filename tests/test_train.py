@@ -311,23 +311,12 @@ def test_metrics_stdout_and_stdin(scored, tiny_model, tmp_path):
 
 # --------------------------------------------------------------------------- accelerate launch (2 ranks on CPU)
 
-# accelerate's --cpu flag runs ONE process (several CPU processes need mpirun there), so the ranks
-# come from its torchrun launcher (distributed_type MULTI_GPU or FSDP) and join a gloo group (--device cpu).
-ACCELERATE = {
-    "ddp": {"distributed_type": "MULTI_GPU"},
-    "fsdp": {"distributed_type": "FSDP",
-             "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                             "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT",
-                             "fsdp_cpu_ram_efficient_loading": False}},
-}
-
 
 def launch(tmp_path: Path, kind: str, *args: str, stdin: bytes = b"", **fsdp_config) -> subprocess.CompletedProcess:
     """accelerate launch --config_file (2 processes, a free port) -m opd_train.cli ARGS < stdin."""
-    config = {"compute_environment": "LOCAL_MACHINE", "mixed_precision": "no", "num_machines": 1, "num_processes": 2,
-              "machine_rank": 0, "main_process_port": 0, **ACCELERATE[kind]}
-    if fsdp_config:
-        config["fsdp_config"] = {**config["fsdp_config"], **fsdp_config}
+    from opd_train.distributed import accelerate_config
+
+    config = accelerate_config(kind, 2, **fsdp_config)
     path = tmp_path / f"accelerate-{kind}.yaml"
     path.write_text(json.dumps(config))  # YAML reads JSON
     launcher = Path(sys.executable).with_name("accelerate")

@@ -74,20 +74,18 @@ def _quiet_transformers() -> None:
 def build_world(out_dir: str | Path, seed: int = 0, digits: int = 2, n_train: int = 4000, n_test: int = 200,
                 **model_kwargs) -> Path:
     """Write base/, train.jsonl, test.jsonl and sft.jsonl into out_dir (see the module docstring)."""
+    from transformers import AutoTokenizer
+
     from .streams import atomic_write_bytes, encode
-    from .tiny import build_model, build_tokenizer
+    from .tiny import build_tiny
 
     _quiet_transformers()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(split_digits=True)
     base = out / "base"
-    if not (base / "config.json").exists():
-        model_kwargs = {**MODEL, **model_kwargs}
-        model = build_model(tokenizer, seed=seed, **model_kwargs)
-        model.save_pretrained(base, safe_serialization=True)
-        tokenizer.save_pretrained(base)
-        (base / "opd_tiny.json").write_text(json.dumps({"seed": seed, "split_digits": True, **model_kwargs}) + "\n")
+    if not (base / "opd_tiny.json").exists():  # written last
+        build_tiny(base, seed=seed, split_digits=True, **{**MODEL, **model_kwargs})
+    tokenizer = AutoTokenizer.from_pretrained(base)
     train, test = problems(seed, digits, n_train, n_test)
     for name, rows in (("train", train), ("test", test)):
         atomic_write_bytes(out / f"{name}.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in rows))

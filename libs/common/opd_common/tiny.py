@@ -136,15 +136,16 @@ def build_model(tokenizer, seed: int = 0, hidden_size: int = 64, layers: int = 2
     return model
 
 
-def build_tiny(out_dir: str | Path, seed: int = 0, **model_kwargs) -> Path:
+def build_tiny(out_dir: str | Path, seed: int = 0, split_digits: bool = False, **model_kwargs) -> Path:
     """Build and save a tiny model + tokenizer folder; returns its path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(split_digits=split_digits)
     model = build_model(tokenizer, seed=seed, **model_kwargs)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "opd_tiny.json").write_text(json.dumps({"seed": seed, **model_kwargs}, indent=2) + "\n")
+    recipe = {"seed": seed, **({"split_digits": True} if split_digits else {}), **model_kwargs}
+    (out / "opd_tiny.json").write_text(json.dumps(recipe, indent=2) + "\n")
     return out
 
 

@@ -155,18 +155,14 @@ class Follower:
             return {}
         return state if isinstance(state, dict) else {}
 
-    def starved(self, step: int) -> bool:
-        """The trainer at `step` steps has read every record emitted so far and waits for more."""
-        state = self.reader()
-        return state.get("steps_done") == step and state.get("records_read", -1) >= self.emitted
-
-    def check_checkpoints(self) -> None:
-        """Fail at once, not after --follow-timeout, when the trainer waits for records that this rollout
-        would only sample from a checkpoint the trainer is not going to write (it saves every N > 1 steps,
-        or only at the end)."""
-        state = self.reader()  # before the checkpoint: the trainer saves a step before it reads for the next
+    def check_checkpoints(self, state: dict, step: int) -> None:
+        """Fail at once, not after --follow-timeout, when the trainer (its reader.json `state`) has read every
+        record and waits for more that this rollout would only sample from a checkpoint the trainer is not
+        going to write (it saves every N > 1 steps, or only at the end). `step` is the newest checkpoint's,
+        read before `state`; the trainer saves a step before it reads for the next, so a checkpoint read
+        after `state` is the one to trust."""
         done = state.get("steps_done", -1)
-        if state.get("records_read", -1) < self.emitted:
+        if state.get("records_read", -1) < self.emitted or done <= step:
             return
         step = self.trainer_state()[0]
         if done > step:
@@ -198,11 +194,14 @@ class Follower:
                 log.info("the trainer in %s finished its %d steps; stopping", self.run_dir, max_steps)
                 return False
             extra = step < self.batch - self.config.max_lag
-            if not extra or self.starved(step):
+            if not extra:
                 break
-            self.check_checkpoints()
+            state = self.reader()
+            if state.get("steps_done") == step and state.get("records_read", -1) >= self.emitted:
+                break  # starved: it has read every record emitted so far and waits for more
+            self.check_checkpoints(state, step)
             if time.monotonic() > deadline:
-                read = self.reader().get("records_read")
+                read = state.get("records_read")
                 reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
                 raise OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
                                f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "

@@ -70,6 +70,20 @@ def fsdp_settings() -> FsdpSettings | None:
                         layer_classes=classes or None)
 
 
+def accelerate_config(kind: str, num_processes: int, **fsdp_config) -> dict:
+    """A one-machine `accelerate launch --config_file` config (YAML reads this as JSON) that opd-train is
+    tested with: kind "ddp" (data parallel) or "fsdp" (FSDP2), `fsdp_config` overriding FSDP keys.
+    The torchrun launcher of MULTI_GPU/FSDP starts the ranks on CPU too (gloo, with --device cpu);
+    accelerate's --cpu flag would run one process."""
+    config = {"compute_environment": "LOCAL_MACHINE", "mixed_precision": "no", "num_machines": 1,
+              "num_processes": num_processes, "machine_rank": 0, "main_process_port": 0}
+    if kind == "ddp":
+        return {**config, "distributed_type": "MULTI_GPU"}
+    fsdp = {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
+            "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_cpu_ram_efficient_loading": False}
+    return {**config, "distributed_type": "FSDP", "fsdp_config": {**fsdp, **fsdp_config}}
+
+
 def init_process_group(device: str) -> str:
     """Join the launcher's process group (gloo on CPU, NCCL on GPU); returns this rank's device."""
     from accelerate import PartialState
