@@ -74,6 +74,35 @@ def test_max_lag_1_lets_the_rollout_run_one_step_ahead(tiny_model, tiny_teacher,
 
 
 @pytest.mark.slow
+@pytest.mark.vllm
+def test_max_lag_1_with_vllm_decodes_two_batches_at_once_and_stamps_each_with_its_own_checkpoint(
+        tiny_model, tiny_teacher, tmp_path, monkeypatch):
+    """vLLM at --max-lag 1 takes a batch while the one before it still decodes (LLMEngine.add_request/step):
+    batches 0 and 1 may both start before step 1, so their decode spans overlap (OPD_TIMELINE); each record
+    carries the checkpoint its batch started with, the lag stays within 1 and batches come out in order."""
+    from opd_common.timeline import read
+
+    monkeypatch.setenv("OPD_TIMELINE", str(tmp_path / "timeline"))
+    records, rows = loop(tiny_model, tiny_teacher, tmp_path, "vllm", max_lag=1, steps=4)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for step, recs in trained_by_step(records, rows).items():
+        assert {r["policy"]["version"] for r in recs} <= {step - 1, step - 2}, step
+    for rec in records:
+        version = rec["policy"]["version"]
+        expected = None if version == 0 else str(tmp_path / "run" / f"checkpoint-{version:06d}")
+        assert rec["policy"]["adapter"] == expected
+    batch_versions = [records[i]["policy"]["version"] for i in range(0, len(records), 4)]
+    assert batch_versions[:2] == [0, 0]
+    assert all(v >= b - 1 for b, v in enumerate(batch_versions))
+    decode = {s["batch"]: s for s in read(tmp_path / "timeline") if s["tool"] == "opd-rollout" and s["name"] == "decode"}
+    assert decode[1]["start"] < decode[0]["end"], decode  # batch 1 went in while batch 0 decoded
+    adapters = [s for s in read(tmp_path / "timeline") if s["name"] == "adapter"]
+    assert [s["version"] for s in adapters] == sorted({s["version"] for s in adapters}) and adapters
+    steps = [s for s in read(tmp_path / "timeline") if s["tool"] == "opd-train" and s["name"] == "step"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
 def test_a_loop_whose_trainer_does_not_checkpoint_every_step_fails_at_once(tiny_model, tiny_teacher, tmp_path):
     """--max-lag 0 with opd-train --save-every 3: batch 1 needs checkpoint 1, which the trainer will not write;
     the pipe fails within seconds naming the fix (it used to hang for --follow-timeout, an hour by default)."""

@@ -201,7 +201,8 @@ def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(scored, tiny_m
     from peft import PeftModel
 
     PeftModel.from_pretrained(load_model(tiny_model), run_dir / "checkpoint-000002")  # loads
-    assert [r["step"] for r in metrics(run_dir)] == [1, 2, 3, 4]
+    # checkpoints are written in the background: step 5 may have trained (and logged) meanwhile
+    assert [r["step"] for r in metrics(run_dir)][:4] == [1, 2, 3, 4]
     result = subprocess.run([str(Path(sys.executable).with_name("opd-train")), *args, "--resume"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -254,6 +255,42 @@ def step_gradients(model: Path, scored: Path, loss: str, micro_batch_tokens: int
     for mb in cuts:
         trainer.student.micro_step(mb, num_tokens, trainer.beta)
     return {name: p.grad.detach().clone() for name, p in trainer.student.peft.named_parameters() if p.requires_grad}
+
+
+def test_a_background_checkpoint_holds_the_weights_of_its_step_as_peft_writes_them(tiny_model, tmp_path):
+    """The snapshot is taken when save() is called; training on meanwhile does not reach the files, which are
+    what peft's save_pretrained writes (same adapter_config.json, same tensors)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from opd_train.config import TrainConfig
+    from opd_train.run import Trainer
+
+    config = TrainConfig(model=str(tiny_model), out=str(tmp_path / "run"), loss="sft", max_steps=2, batch_size=2,
+                         lora_r=4, lora_alpha=8)
+    trainer = Trainer.__new__(Trainer)
+    trainer.setup(config, tmp_path / "run", device="cpu")
+    (tmp_path / "run").mkdir()
+    with torch.no_grad():
+        for name, param in trainer.student.peft.named_parameters():
+            if "lora_B" in name:
+                param.normal_()
+    trainer.student.peft.save_pretrained(str(tmp_path / "peft"))
+    trainer.step = 1
+    trainer.save(None)
+    with torch.no_grad():  # the next step changes the live tensors while the files are written
+        for param in trainer.student.params:
+            param.add_(1.0)
+    trainer.flush()
+    ours, theirs = tmp_path / "run" / "checkpoint-000001", tmp_path / "peft"
+    mine, peft = (json.loads((d / "adapter_config.json").read_text()) for d in (ours, theirs))
+    assert set(mine.pop("target_modules")) == set(peft.pop("target_modules"))  # a set in peft: any order
+    assert mine == peft
+    a, b = load_file(ours / "adapter_model.safetensors"), load_file(theirs / "adapter_model.safetensors")
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert (tmp_path / "run" / "latest").read_text() == "checkpoint-000001\n"
 
 
 # --------------------------------------------------------------------------- adapters and errors

@@ -35,7 +35,7 @@ class RolloutConfig:
     follow_timeout: float = opt(3600.0, "--follow: seconds to wait for the trainer before giving up.")
     max_lora_rank: int = opt(64, "--follow with vLLM: the largest LoRA rank the engine accepts.")
     max_model_len: int | None = opt(None, "vllm: maximum sequence length (prompt + response).")
-    gpu_memory_utilization: float | None = opt(None, "vllm: fraction of GPU memory (of CPU RAM on CPU) [default: 0.9 GPU, 0.2 CPU].")
+    gpu_memory_utilization: float | None = opt(None, "vllm: fraction of GPU memory (of CPU RAM on CPU) [default: 0.9 GPU, 0.25 GPU with --follow, 0.2 CPU].")
     tp: int = opt(1, "vllm: tensor-parallel size.")
     dp: int = opt(1, "vllm: data-parallel size.")
     eager: bool | None = opt(None, "vllm: enforce eager mode (no compilation) [default: on for CPU].")

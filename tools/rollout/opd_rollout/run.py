@@ -14,6 +14,7 @@ from opd_common.batching import batches
 from opd_common.errors import OpdError
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
 from opd_common.streams import InputSource
+from opd_common.timeline import timeline
 
 from .prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt_specs
 from .sampling import derive_seed
@@ -31,7 +32,10 @@ def adapter_version(adapter: str | None) -> int:
     return int(json.loads(state.read_text()).get("step", 0))
 
 
-def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list[int], completion) -> dict[str, Any]:
+def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list[int], completion,
+                adapter: str | None = None) -> dict[str, Any]:
+    """One record; `adapter` (default config.adapter) is the checkpoint that sampled it."""
+    adapter = config.adapter if adapter is None else adapter
     rec: dict[str, Any] = {
         "schema": SCHEMA,
         "id": make_id(row.prompt_id, sample),
@@ -39,8 +43,8 @@ def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list
         "sample": sample,
         "group_size": config.n,
         "example": row.row,
-        "policy": {"model": config.model, "revision": config.revision, "adapter": config.adapter,
-                   "version": adapter_version(config.adapter)},
+        "policy": {"model": config.model, "revision": config.revision, "adapter": adapter,
+                   "version": adapter_version(adapter)},
         "sampling": {
             "temperature": config.temperature, "top_p": config.top_p, "top_k": config.top_k,
             "max_tokens": config.max_tokens, "seed": seed, "engine": config.engine_name,
@@ -75,35 +79,117 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
     owns_engine = engine is None
     engine = engine or make_engine(config)
     config.engine_name = engine.name
+    if follower is not None and hasattr(engine, "prepare_adapter"):
+        engine.prepare_adapter(follower.lora_shape())  # hf: versions then load in place (no recompile)
     thinking = config.thinking == "on"
-    t0, tokens, samples = time.perf_counter(), 0, 0
+
+    def requests_of(batch):
+        requests, keys = [], []
+        for row in batch:
+            message = render_message(config.template, row.row, config.prompt_field, row.where)
+            prompt_ids = np.asarray(render_chat(tokenizer, message, thinking), dtype=np.int32)
+            for sample in range(config.n):
+                seed = derive_seed(config.seed, row.prompt_id, sample)
+                requests.append(_request(prompt_ids, seed))
+                keys.append((row, sample, seed, prompt_ids))
+        return requests, keys
+
+    out = _Output(config, writer, follower)
     with progress(None, "sample", config.quiet, "opd-rollout") as bar:
-        for batch in batches(rows, config.batch_prompts):
-            if follower is not None and not follower.before_batch(engine):
-                break
-            requests, keys = [], []
-            for row in batch:
-                message = render_message(config.template, row.row, config.prompt_field, row.where)
-                prompt_ids = np.asarray(render_chat(tokenizer, message, thinking), dtype=np.int32)
-                for sample in range(config.n):
-                    seed = derive_seed(config.seed, row.prompt_id, sample)
-                    requests.append(_request(prompt_ids, seed))
-                    keys.append((row, sample, seed, prompt_ids))
-            for (row, sample, seed, prompt_ids), completion in zip(keys, engine.generate(requests), strict=True):
-                writer.write(make_record(config, row, sample, seed, prompt_ids, completion))
-                tokens += len(completion.response_ids)
-            writer.flush()
-            if follower is not None:
-                follower.emitted += len(requests)
-            samples += len(requests)
-            bar.update(len(requests))
-            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
-    seconds = time.perf_counter() - t0
+        out.bar = bar
+        if follower is not None and config.max_lag >= 1 and hasattr(engine, "submit"):
+            _pipelined(config, batches(rows, config.batch_prompts), engine, follower, requests_of, out)
+        else:
+            tl = timeline("opd-rollout")
+            for batch in batches(rows, config.batch_prompts):
+                if follower is not None and not follower.before_batch(engine):
+                    break
+                requests, keys = requests_of(batch)
+                with tl.span("decode", batch=out.batches, version=follower.version if follower else 0) as span:
+                    completions = engine.generate(requests)
+                    span["tokens"] = sum(len(c.response_ids) for c in completions)
+                out.write(keys, completions, config.adapter)
+    seconds = time.perf_counter() - out.t0
     log.info("%d samples, %d response tokens in %.1f s (%.0f tok/s, engine %s)",
-             samples, tokens, seconds, tokens / max(seconds, 1e-9), engine.name)
+             out.samples, out.tokens, seconds, out.tokens / max(seconds, 1e-9), engine.name)
     if owns_engine:
         engine.close()
     return 0
+
+
+class _Output:
+    """Writes a finished batch's records (flushed per batch, so pipes overlap) and counts them."""
+
+    def __init__(self, config, writer, follower):
+        self.config, self.writer, self.follower = config, writer, follower
+        self.t0, self.tokens, self.samples, self.batches = time.perf_counter(), 0, 0, 0
+        self.bar = None
+
+    def write(self, keys, completions, adapter: str | None) -> None:
+        with timeline("opd-rollout").span("write", batch=self.batches):
+            for (row, sample, seed, prompt_ids), completion in zip(keys, completions, strict=True):
+                self.writer.write(make_record(self.config, row, sample, seed, prompt_ids, completion, adapter))
+                self.tokens += len(completion.response_ids)
+            self.writer.flush()
+        if self.follower is not None:
+            self.follower.emitted += len(keys)
+        self.samples += len(keys)
+        self.batches += 1
+        self.bar.update(len(keys))
+        self.bar.set_postfix_str(f"{self.tokens / max(time.perf_counter() - self.t0, 1e-9):.0f} tok/s")
+
+
+def _pipelined(config, source, engine, follower, requests_of, out: _Output) -> None:
+    """--follow --max-lag L >= 1 on an engine that takes batches without waiting (vLLM): a batch starts as soon
+    as the lag allows, while earlier ones still decode (each with the checkpoint it started with); batches are
+    written in the order they started. The lag rule is the Follower's, unchanged: batch b starts only once the
+    trainer has done b - L steps."""
+    tl = timeline("opd-rollout")
+    inflight: list[tuple[int, list, str | None, float, int]] = []  # (tag, keys, adapter, start, version)
+    finished: dict[int, list] = {}
+    exhausted = stopped = False
+    next_look, waiting_since = 0.0, None
+    deadline = time.monotonic() + config.follow_timeout
+    while True:
+        if not (exhausted or stopped) and time.monotonic() >= next_look:
+            verdict = follower.ready(busy=bool(inflight))
+            next_look = time.monotonic() + 0.02
+            if verdict is False:
+                stopped = True
+                engine.abort()
+                inflight.clear()
+            elif verdict:
+                batch = next(source, None)
+                if batch is None:
+                    exhausted = True
+                else:
+                    if waiting_since is not None:
+                        tl.event("wait", waiting_since, time.time(), batch=out.batches + len(inflight))
+                        waiting_since = None
+                    follower.advance(engine)
+                    requests, keys = requests_of(batch)
+                    tag = out.batches + len(inflight)
+                    engine.submit(tag, requests)
+                    inflight.append((tag, keys, config.adapter, time.time(), follower.version))
+                    deadline = time.monotonic() + config.follow_timeout
+                    continue
+        if inflight:
+            for tag, completions in engine.poll():
+                finished[tag] = completions
+            while inflight and inflight[0][0] in finished:
+                tag, keys, adapter, start, version = inflight.pop(0)
+                completions = finished.pop(tag)
+                tl.event("decode", start, time.time(), batch=tag, version=version,
+                         tokens=sum(len(c.response_ids) for c in completions))
+                out.write(keys, completions, adapter)
+            continue
+        if exhausted or stopped:
+            return
+        if waiting_since is None:
+            waiting_since = time.time()
+        if time.monotonic() > deadline:
+            raise follower.timeout_error()
+        time.sleep(0.02)
 
 
 class Follower:
@@ -134,6 +220,18 @@ class Follower:
     def run_config(self) -> dict:
         config_file = self.run_dir / "config.json"
         return json.loads(config_file.read_text())["config"] if config_file.exists() else {}
+
+    def lora_shape(self) -> dict:
+        """The trainer's LoRA (r, alpha, targets) from the run's config.json, waiting for opd-train to write it."""
+        deadline = time.monotonic() + self.config.follow_timeout
+        while True:
+            config = self.run_config()
+            if "lora_r" in config:
+                return {"r": config["lora_r"], "alpha": config["lora_alpha"], "targets": config["lora_targets"]}
+            if time.monotonic() > deadline:
+                raise OpdError(f"--follow {self.run_dir}: opd-train wrote no config.json there within --follow-timeout "
+                               f"{self.config.follow_timeout:g} s (is it running with --out {self.run_dir}?)")
+            time.sleep(0.1)
 
     def trainer_state(self) -> tuple[int, int | None, Path | None]:
         """(steps done, the run's --max-steps, newest checkpoint) as the run dir says now."""
@@ -188,28 +286,44 @@ class Follower:
     def before_batch(self, engine) -> bool:
         """Wait for the trainer; load its newest checkpoint; False when the trainer is done."""
         deadline = time.monotonic() + self.config.follow_timeout
-        while True:
-            step, max_steps, path = self.trainer_state()
-            if max_steps is not None and step >= max_steps:
-                log.info("the trainer in %s finished its %d steps; stopping", self.run_dir, max_steps)
-                return False
-            extra = step < self.batch - self.config.max_lag
-            if not extra:
-                break
+        with timeline("opd-rollout").span("wait", batch=self.batch):
+            while True:
+                verdict = self.ready()
+                if verdict is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise self.timeout_error()
+                time.sleep(0.2)
+        if verdict:
+            self.advance(engine)
+        return verdict
+
+    def ready(self, busy: bool = False) -> bool | None:
+        """One look at the run dir: True = the next batch may start (advance() first), False = the trainer has
+        finished, None = wait. `busy`: a batch of this rollout is still decoding, so a trainer that has read
+        every record written is not starved (it is waiting for that batch)."""
+        step, max_steps, path = self.trainer_state()
+        if max_steps is not None and step >= max_steps:
+            log.info("the trainer in %s finished its %d steps; stopping", self.run_dir, max_steps)
+            return False
+        extra = step < self.batch - self.config.max_lag
+        if extra:
+            if busy:
+                return None
             state = self.reader()
-            if state.get("steps_done") == step and state.get("records_read", -1) >= self.emitted:
-                break  # starved: it has read every record emitted so far and waits for more
-            self.check_checkpoints(state, step)
-            if time.monotonic() > deadline:
-                read = state.get("records_read")
-                reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
-                raise OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
-                               f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "
-                               f"{self.config.follow_timeout:g} s{reading} (is opd-train running with --save-every 1?)")
-            time.sleep(0.2)
+            if not (state.get("steps_done") == step and state.get("records_read", -1) >= self.emitted):
+                self.check_checkpoints(state, step)
+                return None  # not starved: it has records to train on, or has not read them yet
+        self._next = (step, path, extra)
+        return True
+
+    def advance(self, engine) -> None:
+        """Start the batch ready() allowed: switch the engine to the newest checkpoint if it changed."""
+        step, path, extra = self._next
         if path is not None and step != self.version:
             adapter_version.cache_clear()
-            engine.set_adapter(str(path), step)
+            with timeline("opd-rollout").span("adapter", version=step):
+                engine.set_adapter(str(path), step)
             self.config.adapter = str(path)  # stamped into the records with its version
             self.version = step
             log.info("batch %d: sampling with %s (version %d)", self.batch, path.name, step)
@@ -217,7 +331,14 @@ class Follower:
             self.extra_batch(step)
         else:
             self.batch += 1
-        return True
+
+    def timeout_error(self) -> OpdError:
+        step = self.trainer_state()[0]
+        read = self.reader().get("records_read")
+        reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
+        return OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
+                        f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "
+                        f"{self.config.follow_timeout:g} s{reading} (is opd-train running with --save-every 1?)")
 
     def extra_batch(self, step: int) -> None:
         log.info("the trainer read all %d records and needs more for step %d (it dropped groups: "

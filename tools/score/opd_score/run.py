@@ -204,12 +204,21 @@ class Scorer:
 
 def score_here(config, windows) -> Iterator[list]:
     """Score windows in this process (teachers load on the first window)."""
+    from opd_common.timeline import timeline
+
+    tl = timeline("opd-score")
     scorer = Scorer(config)
+    windows = iter(windows)
     try:
-        for window in windows:
+        while True:
+            with tl.span("read"):
+                window = next(windows, None)
+            if window is None:
+                return
             if not scorer.opened:
                 scorer.open(window[0][0])
-            scorer.score(window)
+            with tl.span("score", records=len(window), tokens=sum(len(r["response_ids"]) for r, _ in window)):
+                scorer.score(window)
             yield window
     finally:
         scorer.close()

@@ -73,18 +73,47 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(run_dir: Path, step: int, student, tokenizer, state: dict[str, Any], summary: dict[str, Any]) -> Path:
-    """Write checkpoint-NNNNNN atomically, then point `latest` at it."""
+def snapshot(student, state: dict[str, Any]) -> dict[str, Any]:
+    """A CPU copy of what a checkpoint holds (adapter weights, LoRA config, trainer state), taken in the
+    training thread so that the files can be written while the next step changes the live tensors."""
+    import copy
+
+    from peft import get_peft_model_state_dict
+
+    weights = get_peft_model_state_dict(student.peft, save_embedding_layers=False)  # the vocabulary never changes
+    lora = copy.deepcopy(student.peft.peft_config["default"])
+    lora.inference_mode = True  # as peft's save_pretrained writes it
+    return {"weights": {k: _cpu(v).contiguous() for k, v in weights.items()}, "lora": lora, "state": _cpu(state)}
+
+
+def _cpu(obj):
+    """obj with every tensor copied to the CPU (a copy also for CPU tensors: the originals keep changing)."""
     import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj)
+    return obj
+
+
+def write(run_dir: Path, step: int, snap: dict[str, Any], tokenizer, summary: dict[str, Any]) -> Path:
+    """Write checkpoint-NNNNNN from a snapshot atomically, then point `latest` at it."""
+    import torch
+    from safetensors.torch import save_file
 
     final = run_dir / checkpoint_name(step)
     tmp = run_dir / f".{final.name}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
-    student.peft.save_pretrained(str(tmp), save_embedding_layers=False)  # the vocabulary never changes
+    tmp.mkdir(parents=True)
+    save_file(snap["weights"], str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+    snap["lora"].save_pretrained(str(tmp))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
-    torch.save(state, tmp / "trainer_state.pt")
+    torch.save(snap["state"], tmp / "trainer_state.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(summary, indent=1) + "\n")
     _fsync_tree(tmp)
     if final.exists():  # left by a crash after its rename but before `latest` moved: not trusted
@@ -92,6 +121,49 @@ def save(run_dir: Path, step: int, student, tokenizer, state: dict[str, Any], su
     os.replace(tmp, final)
     write_atomic(run_dir / LATEST, final.name + "\n")
     return final
+
+
+def save(run_dir: Path, step: int, student, tokenizer, state: dict[str, Any], summary: dict[str, Any]) -> Path:
+    """Write checkpoint-NNNNNN atomically, then point `latest` at it (in this thread)."""
+    return write(run_dir, step, snapshot(student, state), tokenizer, summary)
+
+
+class BackgroundWriter:
+    """Writes checkpoints in a thread, one at a time and in order, while training goes on.
+
+    submit() waits for the previous write first, so at most one is in flight and `latest` only ever
+    moves forward; wait() blocks until the last one is on disk and re-raises its error, if any.
+    A crash during a write leaves the previous checkpoint and `latest` valid (write() is atomic).
+    """
+
+    def __init__(self, on_done=None):
+        self._thread = None
+        self._error: BaseException | None = None
+        self._on_done = on_done
+
+    def submit(self, fn) -> None:
+        import threading
+
+        self.wait()
+
+        def body() -> None:
+            try:
+                result = fn()
+                if self._on_done is not None:
+                    self._on_done(result)
+            except BaseException as exc:  # re-raised in the training thread by wait()
+                self._error = exc
+
+        self._thread = threading.Thread(target=body, name="opd-train-checkpoint", daemon=False)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def latest(run_dir: Path) -> Path | None:

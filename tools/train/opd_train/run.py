@@ -25,6 +25,7 @@ from typing import Any
 from opd_common.errors import ConfigError, OpdError
 from opd_common.records import Where
 from opd_common.streams import decode_line, encode, iter_inputs
+from opd_common.timeline import timeline
 
 from . import checkpoint as ckpt
 from . import distributed
@@ -154,6 +155,8 @@ class Trainer:
         self.last_id: str | None = None
         self.pending: list[tuple[dict, Where]] = []
         self.last_saved = 0
+        self.last_metrics: dict | None = None
+        self.writer = ckpt.BackgroundWriter(on_done=lambda path: log.info("saved %s", path))
 
     # ------------------------------------------------------------------ state
 
@@ -177,16 +180,30 @@ class Trainer:
         self.pending = [(normalize(rec, where), where) for rec, where in self.pending]
 
     def save(self, metrics: dict | None) -> None:
+        """Checkpoint this step: a CPU snapshot here, the files written in the background (BackgroundWriter),
+        so the next step trains while they go to disk; --publish waits for them and pushes."""
         self.last_saved = self.step
         if self.rank != 0:
             return
         summary = {"step": self.step, "max_steps": self.config.max_steps, "records_read": self.consumed,
                    "complete": self.step >= self.config.max_steps, "beta": self.beta, "metrics": metrics,
                    "world_size": self.world, "fsdp": self.fsdp is not None}
-        path = ckpt.save(self.run_dir, self.step, self.student, self.tokenizer, self.state(), summary)
-        log.info("saved %s", path)
+        tl, step = timeline("opd-train"), self.step
+        with tl.span("save", step=step):
+            snap = ckpt.snapshot(self.student, self.state())
+
+        def write():
+            with tl.span("save_write", step=step):
+                return ckpt.write(self.run_dir, step, snap, self.tokenizer, summary)
+
+        self.writer.submit(write)
         if self.config.publish:
+            self.writer.wait()
             self.publish()
+
+    def flush(self) -> None:
+        """Block until every checkpoint submitted is on disk (re-raises a failed write)."""
+        self.writer.wait()
 
     def publish(self) -> None:
         """Push the checkpoint just saved (verified before it is indexed); a failure stops the run."""
@@ -315,8 +332,12 @@ def announce_waits(items, announce, wait: float = 0.05):
         stop.set()
 
 
-def publish_reader(run_dir: Path, stream: StepBatches) -> None:
-    """RUN/reader.json: the step being filled and the records read so far, written when the input runs dry."""
+def publish_reader(run_dir: Path, stream: StepBatches, trainer: Trainer | None = None) -> None:
+    """RUN/reader.json: the step being filled and the records read so far, written when the input runs dry.
+    The checkpoint being written is finished first, so a reader.json never names steps done that a rollout
+    cannot find as checkpoints (it would take the trainer for one that does not save every step)."""
+    if trainer is not None:
+        trainer.flush()
     state = {"steps_done": stream.step, "filling": stream.step + 1, "records_read": stream.consumed,
              "pending": len(stream.pending), "groups_dropped": stream.groups_dropped, "time": time.time()}
     ckpt.write_atomic(run_dir / READER, json.dumps(state) + "\n")
@@ -324,8 +345,6 @@ def publish_reader(run_dir: Path, stream: StepBatches) -> None:
 
 def run(config, inputs: list[str], stdout=None) -> int:
     """Train under the step budget; see the module docstring."""
-    from opd_common.cli_util import progress
-
     stdout = stdout or sys.stdout
     run_dir = Path(config.out)
     if int(os.environ.get("RANK", "0")) == 0:  # under accelerate launch, rank 0 owns the run directory
@@ -349,9 +368,21 @@ def run(config, inputs: list[str], stdout=None) -> int:
     stream = StepBatches(items, config, _example_maker(config, trainer.tokenizer), trainer.consumed, trainer.pending)
     stream.last_id = trainer.last_id
     if trainer.rank == 0:
-        stream.items = announce_waits(stream.items, functools.partial(publish_reader, run_dir, stream))
+        stream.items = announce_waits(stream.items, functools.partial(publish_reader, run_dir, stream, trainer))
     if trainer.world > 1:  # rank 0 reads the input and sends each batch to the other ranks
         stream = distributed.SharedBatches(stream, trainer.rank)
+    try:
+        _loop(config, trainer, stream, run_dir, stdout)
+    finally:
+        trainer.flush()
+    return _end(config, trainer)
+
+
+def _loop(config, trainer: Trainer, stream, run_dir: Path, stdout) -> None:
+    """The steps: read a batch, train, log a metrics line, checkpoint (see the module docstring)."""
+    from opd_common.cli_util import progress
+
+    tl = timeline("opd-train")
     metrics = None
     with open(run_dir / ckpt.METRICS, "a") as metrics_file, \
             progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
@@ -359,7 +390,8 @@ def run(config, inputs: list[str], stdout=None) -> int:
         while trainer.step < config.max_steps:
             stream.step = trainer.step
             try:
-                examples = stream.next_batch()
+                with tl.span("read", step=trainer.step + 1):
+                    examples = stream.next_batch()
             except OpdError:  # e.g. dynamic sampling ran out of candidates: keep what was trained
                 trainer.consumed, trainer.pending, trainer.last_id = stream.consumed, stream.pending, stream.last_id
                 if trainer.step > trainer.last_saved:
@@ -368,7 +400,9 @@ def run(config, inputs: list[str], stdout=None) -> int:
             trainer.consumed, trainer.pending, trainer.last_id = stream.consumed, stream.pending, stream.last_id
             if examples is None:
                 break
-            metrics = trainer.train_step(examples)
+            with tl.span("step", step=trainer.step + 1) as span:
+                metrics = trainer.train_step(examples)
+                span["tokens"] = metrics["tokens"]
             metrics.update(stream.last_stats)
             if trainer.rank == 0:
                 line = json.dumps(metrics)
@@ -381,12 +415,19 @@ def run(config, inputs: list[str], stdout=None) -> int:
             bar.set_postfix(loss=f"{metrics['loss']:.4g}", tok_s=f"{metrics['tokens_per_s']:.0f}")
             if config.save_every and trainer.step % config.save_every == 0 or trainer.step == config.max_steps:
                 trainer.save(metrics)
+    trainer.last_metrics = metrics
+
+
+def _end(config, trainer: Trainer) -> int:
+    """Exactly --max-steps, or a short run: saved, then an error unless --allow-short."""
+    metrics = trainer.last_metrics
     if trainer.step < config.max_steps:
         if trainer.step > trainer.last_saved:
             trainer.save(metrics)
         where = f"{ckpt.checkpoint_name(trainer.step)} saved" if trainer.step else "nothing saved"
         message = (f"the input ended after {trainer.step} of --max-steps {config.max_steps} steps "
                    f"({trainer.consumed} records read, {len(trainer.pending)} left in incomplete groups; {where})")
+        trainer.flush()
         if not config.allow_short:
             raise ShortInput(message + "; give more input and --resume, or pass --allow-short to accept a short run")
         log.warning("%s (--allow-short)", message)

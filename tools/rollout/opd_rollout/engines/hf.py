@@ -6,7 +6,15 @@ forward of the last token, ``log_softmax`` of the raw logits (the record's log-p
 temperature 1), optional top-k, sampling with per-sample counter-based randomness
 (``sampling.sample_tokens``), stop detection, and writes into history buffers. On CUDA that step
 is captured once per (batch, length) bucket as a CUDA graph and replayed (``--cuda-graph``);
-on CPU the same function runs eagerly. The host checks "all done?" only every 16 steps.
+on CPU the same function runs eagerly (``--cuda-graph`` on CPU runs the capture's warm-up steps and
+replays the step eagerly: the graphed path's logic, testable without a GPU). The capture's warm-up
+steps write past the last sampled position, so graphed buffers keep ``CAPTURE_STEPS`` spare columns.
+The host checks "all done?" only every 16 steps.
+
+In the on-policy loop (``--follow``) the model is wrapped once, before the first batch, in a peft
+LoRA of the trainer's shape (its run's config.json) whose B matrices are zero, i.e. exactly the
+base model; each new checkpoint's weights are then copied into the same tensors, so neither the
+compiled forward nor a captured graph is rebuilt for a new version.
 
 The attention mask is our own 4-D boolean mask (transformers uses a 4-D mask as given): a key is
 visible when it is a real prompt token or an already generated one; every query also sees itself,
@@ -30,6 +38,14 @@ from .base import Completion, SampleRequest
 log = logging.getLogger(__name__)
 LENGTH_BUCKET = 128
 CHECK_EVERY = 16
+CAPTURE_STEPS = 3  # steps _capture runs (2 warm-up + 1 recorded) after a prefill
+
+
+class _EagerReplay:
+    """A captured step on a device without CUDA graphs: replay() runs it eagerly."""
+
+    def __init__(self, step):
+        self.replay = step
 
 
 @dataclass
@@ -76,6 +92,7 @@ class HfEngine:
         self._decode_forward = torch.compile(model, dynamic=False) if getattr(config, "compile", False) else model
         self.tokens_generated = 0
         self.seconds = 0.0
+        self.captures = 0  # graphs captured (one per bucket; a new adapter version adds none)
 
     def _stop_ids(self) -> list[int]:
         ids = set()
@@ -100,6 +117,20 @@ class HfEngine:
                 results[i] = completion
         return results  # type: ignore[return-value]
 
+    def prepare_adapter(self, lora: dict) -> None:
+        """--follow: wrap the model in a zero LoRA of the trainer's shape (`lora`: r, alpha, targets) before the
+        first batch, so that every checkpoint later loads into the same tensors (nothing recompiles)."""
+        import torch
+        from peft import LoraConfig, get_peft_model
+
+        targets = lora["targets"]
+        targets = "all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",")]
+        config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=targets, task_type="CAUSAL_LM",
+                            init_lora_weights=True)  # B = 0: the wrapped model computes exactly the base model
+        self.model = get_peft_model(self.model, config).eval()
+        self._buckets.clear()
+        self._decode_forward = torch.compile(self.model, dynamic=False) if getattr(self.config, "compile", False) else self.model
+
     def set_adapter(self, path: str | None, version: int) -> None:
         """--follow: load this checkpoint's LoRA weights into the model in place (peft)."""
         import torch
@@ -113,8 +144,15 @@ class HfEngine:
             self._buckets.clear()  # captured graphs belong to the model without the adapter
             compiled = getattr(self.config, "compile", False)
             self._decode_forward = torch.compile(self.model, dynamic=False) if compiled else self.model
-        else:
-            set_peft_model_state_dict(self.model, load_peft_weights(path, device=self.device))
+            return
+        before = {n: p.data_ptr() for n, p in self.model.named_parameters() if "lora_" in n}
+        with torch.no_grad():
+            result = set_peft_model_state_dict(self.model, load_peft_weights(path, device=self.device))
+        unexpected = getattr(result, "unexpected_keys", [])
+        moved = [n for n, p in self.model.named_parameters() if "lora_" in n and before.get(n) != p.data_ptr()]
+        if unexpected or moved:
+            raise ConfigError(f"--follow: {path} does not fit the LoRA the engine prepared from the run's config.json "
+                              f"({(unexpected or moved)[:2]} ...); was the run dir's config.json changed?")
 
     def close(self) -> None:
         self._buckets.clear()
@@ -130,7 +168,8 @@ class HfEngine:
         if not self.use_graph:
             self._buckets.clear()  # eager decoding: keep only the current batch's buffers
         if key not in self._buckets:
-            S, k, dev = self.config.max_tokens, self.config.topk_logprobs, self.device
+            k, dev = self.config.topk_logprobs, self.device
+            S = self.config.max_tokens + (CAPTURE_STEPS if self.use_graph else 0)  # room for the capture's steps
             lp_dtype = torch.float32
             self._buckets[key] = _Buffers(
                 cache=StaticCache(config=self.model.config, max_cache_len=L),
@@ -218,14 +257,21 @@ class HfEngine:
         self._sample_and_record(out.logits[:, -1, :], buf)
 
     def _capture(self, buf: _Buffers) -> None:
-        """Record _step as a CUDA graph (after warm-up on a side stream); eager on failure."""
+        """Record _step as a CUDA graph (after warm-up on a side stream); eager on failure. Off CUDA: the same
+        warm-up steps, then an eager replay (the graphed path's logic, run on CPU by the tests)."""
         import torch
 
+        self.captures += 1
+        if not self.device.startswith("cuda"):
+            for _ in range(CAPTURE_STEPS):
+                self._step(buf)
+            buf.graph = _EagerReplay(lambda: self._step(buf))
+            return
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
-                for _ in range(2):
+                for _ in range(CAPTURE_STEPS - 1):
                     self._step(buf)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
@@ -243,7 +289,8 @@ class HfEngine:
         B = self.config.batch_size if self.use_graph else len(requests)
         padded = list(requests) + [requests[-1]] * (B - len(requests))  # fixed batch for the graph
         P = max(len(r.prompt_ids) for r in requests)
-        L = -(-(P + self.config.max_tokens) // LENGTH_BUCKET) * LENGTH_BUCKET
+        spare = CAPTURE_STEPS if self.use_graph else 0  # the capture's steps run past the last position
+        L = -(-(P + self.config.max_tokens + spare) // LENGTH_BUCKET) * LENGTH_BUCKET
         buf = self._buffers(B, L)
         steps = self.config.max_tokens
         with torch.inference_mode():

@@ -4,6 +4,12 @@ All samples of a batch go to one ``LLM.generate`` call as token prompts, each wi
 ``SamplingParams(seed=...)``, so vLLM schedules them together. ``logprobs_mode="raw_logprobs"``
 makes vLLM return log-probs of the raw logits (before temperature/top-k/top-p), the record's
 convention. ``logprobs=k`` returns the top-k plus the sampled token at every position.
+
+For the on-policy loop at ``--max-lag L >= 1`` batches go in without waiting (``submit``/``poll``,
+vLLM's ``LLMEngine.add_request``/``step``): a batch sampled with checkpoint v decodes alongside the
+one before it, sampled with v - 1, each request with its own ``LoRARequest``. The engine then has
+``max_loras = L + 1`` adapter slots, and a new checkpoint is loaded by ``add_lora`` when it appears
+(before any request names it), not by the first step that schedules it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ class VllmEngine:
             model=config.model, revision=config.revision, tokenizer=config.model, seed=config.seed,
             dtype=_vllm_dtype(config, on_cpu), logprobs_mode="raw_logprobs",
             max_logprobs=max(20, config.topk_logprobs), tensor_parallel_size=config.tp,
-            gpu_memory_utilization=config.gpu_memory_utilization or (0.2 if on_cpu else 0.9),
+            gpu_memory_utilization=config.gpu_memory_utilization or _default_memory(config, on_cpu),
             enforce_eager=config.eager if config.eager is not None else on_cpu,
         )
         if on_cpu:
@@ -54,8 +60,8 @@ class VllmEngine:
             kwargs["max_model_len"] = config.max_model_len
         if config.adapter:
             kwargs.update(enable_lora=True, max_lora_rank=_adapter_rank(config.adapter))
-        elif getattr(config, "follow", None):
-            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
+        elif getattr(config, "follow", None):  # a batch in flight per version the lag allows
+            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_lag + 1)
         try:
             self.llm = LLM(**kwargs)
             vllm_started(self.llm)
@@ -68,6 +74,8 @@ class VllmEngine:
             self.lora = LoRARequest("adapter", 1, os.path.abspath(config.adapter))
         self.tokens_generated = 0
         self.seconds = 0.0
+        self._open: dict[int, list] = {}  # submitted batch -> its completions (None until finished)
+        self._left: dict[int, int] = {}
 
     def _params(self, req: SampleRequest):
         from vllm import SamplingParams
@@ -88,6 +96,46 @@ class VllmEngine:
         completions = [self._completion(o.outputs[0]) for o in outputs]
         self.seconds += time.perf_counter() - t0
         return completions
+
+    def submit(self, tag: int, requests: list[SampleRequest]) -> None:
+        """Queue a batch with the current adapter and return at once; poll() hands it back when all is done."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = self.llm.llm_engine
+        for i, req in enumerate(requests):
+            params = self._params(req)
+            params.output_kind = RequestOutputKind.FINAL_ONLY
+            engine.add_request(f"b{tag}:{i}", TokensPrompt(prompt_token_ids=list(req.prompt_ids)), params,
+                               lora_request=self.lora)
+        self._open[tag] = [None] * len(requests)
+        self._left[tag] = len(requests)
+
+    def poll(self) -> list[tuple[int, list[Completion]]]:
+        """One engine step; the batches (tag, completions in request order) that it finished."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished:
+                continue
+            tag, index = out.request_id[1:].split(":")
+            tag = int(tag)
+            self._open[tag][int(index)] = self._completion(out.outputs[0])
+            self._left[tag] -= 1
+            if self._left[tag] == 0:
+                del self._left[tag]
+                done.append((tag, self._open.pop(tag)))
+        return done
+
+    def in_flight(self) -> int:
+        return len(self._open)
+
+    def abort(self) -> None:
+        """Drop every submitted batch (the trainer has finished: nobody reads them)."""
+        ids = [f"b{tag}:{i}" for tag, outs in self._open.items() for i in range(len(outs))]
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+        self._open.clear()
+        self._left.clear()
 
     def _completion(self, out) -> Completion:
         k = self.config.topk_logprobs
@@ -110,6 +158,8 @@ class VllmEngine:
         from vllm.lora.request import LoRARequest
 
         self.lora = None if path is None else LoRARequest(f"v{version}", version + 1, os.path.abspath(path))
+        if self.lora is not None:
+            self.llm.llm_engine.add_lora(self.lora)  # load now, not in the step that first schedules it
 
     def close(self) -> None:
         close_vllm(self.llm)
@@ -123,6 +173,18 @@ def _vllm_on_cpu() -> bool:
         return current_platform.is_cpu()
     except Exception:  # pragma: no cover - very old/new vllm without the platform API
         return True
+
+
+def _default_memory(config, on_cpu: bool) -> float:
+    """--gpu-memory-utilization's default: 0.2 of RAM on CPU; on a GPU 0.9 alone, 0.25 under --follow, where
+    the trainer (and a scorer) share the device (35 GiB of an H200: weights, CUDA graphs and the KV cache
+    of a few hundred thousand tokens for a 1.7B model)."""
+    if on_cpu:
+        return 0.2
+    return FOLLOW_GPU_MEMORY if getattr(config, "follow", None) else 0.9
+
+
+FOLLOW_GPU_MEMORY = 0.25
 
 
 def _vllm_dtype(config, on_cpu: bool) -> str:
