@@ -45,7 +45,7 @@
 # "FLAGS", --bin DIR. stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
 set -euo pipefail
 
-MODEL=Qwen/Qwen3-4B-Instruct-2507; DATA=train-aime; STEPS=128; NGROUPS=64; GROUP_SIZE=8; MAX_TOKENS=7168
+MODEL=Qwen/Qwen3-4B-Instruct-2507; DATA=train-aime; STEPS=128; NGROUPS=64; GROUP_SIZE=8; MAX_LAG=0; MAX_TOKENS=7168
 OVERLONG_BUFFER=1024; GEN_FACTOR=3; ENGINE=auto; LR=2e-5; LORA_R=16; LORA_ALPHA=32; OUT=; TEACHER=; POST=; PRE=
 . "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 opd_parse "$@"
@@ -54,7 +54,7 @@ opd_parse "$@"
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA_TRAIN"
 MODEL_LEN=$(( MAX_TOKENS + 1024 > 8192 ? MAX_TOKENS + 1024 : 8192 ))
 
-"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag 0 \
+"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts $(( GEN_FACTOR * NGROUPS )) -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" \
     --max-model-len "$MODEL_LEN" --temperature 1.0 --thinking off --quiet "${XR[@]}" "$DATA" \
   | "${BIN}opd-score" --reward math --grader integer --require-stop \

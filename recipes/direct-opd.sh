@@ -36,13 +36,13 @@
 set -euo pipefail
 
 MODEL=Qwen/Qwen2.5-7B-Instruct; POST=; PRE=; DATA=train-math; STEPS=100; NGROUPS=64; GROUP_SIZE=4
-MAX_TOKENS=3328; ENGINE=auto; LR=1e-6; LORA_R=64; LORA_ALPHA=128; OUT=; TEACHER=
+MAX_LAG=0; MAX_TOKENS=3328; ENGINE=auto; LR=1e-6; LORA_R=64; LORA_ALPHA=128; OUT=; TEACHER=
 . "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 opd_parse "$@"
 : "${POST:?--post MODEL is required}"; : "${PRE:?--pre MODEL is required}"
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA_TRAIN"
 
-"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag 0 \
+"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --temperature 1.0 \
     --thinking off --topk-logprobs 16 --quiet "${XR[@]}" "$DATA" \
   | "${BIN}opd-score" --shift "post=$POST,pre=$PRE" --shift-k 16 --quiet "${XS[@]}" \

@@ -27,15 +27,15 @@
 # --bin DIR. stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
 set -euo pipefail
 
-MODEL=Qwen/Qwen3-1.7B; TEACHER=; DATA=train-math; STEPS=100; NGROUPS=8; GROUP_SIZE=4; MAX_TOKENS=4096
+MODEL=Qwen/Qwen3-1.7B; TEACHER=; DATA=train-math; STEPS=100; NGROUPS=8; GROUP_SIZE=4; MAX_LAG=1; MAX_TOKENS=4096
 ENGINE=auto; LR=1e-4; LORA_R=16; LORA_ALPHA=32; OUT=; POST=; PRE=
 . "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 opd_parse "$@"
 : "${TEACHER:?--teacher MODEL is required}"
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA_TRAIN"
 
-"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag 0 \
+"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --quiet "${XR[@]}" "$DATA" \
   | "${BIN}opd-score" --teacher "t=$TEACHER" --quiet "${XS[@]}" \
-  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 --max-staleness "$MAX_LAG" \
     --loss rkl --teacher t --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --quiet "${XT[@]}"

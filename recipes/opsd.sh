@@ -34,15 +34,15 @@
 # stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
 set -euo pipefail
 
-MODEL=Qwen/Qwen3-1.7B; DATA=train-math; STEPS=100; NGROUPS=32; GROUP_SIZE=1; MAX_TOKENS=1024
+MODEL=Qwen/Qwen3-1.7B; DATA=train-math; STEPS=100; NGROUPS=32; GROUP_SIZE=1; MAX_LAG=1; MAX_TOKENS=1024
 ENGINE=auto; LR=5e-6; LORA_R=64; LORA_ALPHA=128; OUT=; TEACHER=; POST=; PRE=
 . "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 opd_parse "$@"
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XT "$EXTRA_TRAIN"
 
-"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag 0 \
+"${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" \
     --temperature 1.1 --top-p 0.95 --top-k 20 --thinking off --quiet "${XR[@]}" "$DATA" \
-  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 --max-staleness "$MAX_LAG" \
     --loss fkl --self-teacher opsd --self-teacher-thinking on --kl-clip 0.05 --loss-temperature 1.1 \
     --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --max-grad-norm 0.1 --quiet "${XT[@]}"

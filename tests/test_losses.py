@@ -521,3 +521,20 @@ def assert_bf16_accepted(fn, z: torch.Tensor) -> None:
     assert z16.grad.dtype == torch.bfloat16 and torch.isfinite(z16.grad.float()).all()
     ref = fn(z16.detach().float(), slice(0, len(z)))  # upcast inside: same as float32 logits of those values
     assert close(out.loss, ref.loss, 1e-6)
+
+
+def test_sampled_ratio_is_the_mean_importance_ratio_at_temperature_1():
+    """exp(log p_S(y_t) - behaviour_t) averaged over tokens (numpy reference); 1 when the sampler is the student."""
+    import numpy
+
+    rng = numpy.random.default_rng(3)
+    logits = rng.normal(size=(5, 11)) * 2
+    targets = rng.integers(0, 11, size=5)
+    logp = logits - numpy.log(numpy.exp(logits).sum(-1, keepdims=True))
+    chosen = logp[numpy.arange(5), targets]
+    behaviour = chosen + rng.normal(size=5) * 0.1
+    expected = numpy.exp(chosen - behaviour).sum() / 7
+    got = L.sampled_ratio(torch.tensor(logits), torch.tensor(targets), torch.tensor(behaviour), 7)
+    assert float(got) == pytest.approx(expected, rel=1e-6)
+    same = L.sampled_ratio(torch.tensor(logits), torch.tensor(targets), torch.tensor(chosen), 5)
+    assert float(same) == pytest.approx(1.0, abs=1e-6)

@@ -105,7 +105,8 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
                 if follower is not None and not follower.before_batch(engine):
                     break
                 requests, keys = requests_of(batch)
-                with tl.span("decode", batch=out.batches, version=follower.version if follower else 0) as span:
+                with tl.span("decode", batch=out.batches, version=follower.version if follower else 0,
+                             **_sizes(requests)) as span:
                     completions = engine.generate(requests)
                     span["tokens"] = sum(len(c.response_ids) for c in completions)
                 out.write(keys, completions, config.adapter)
@@ -145,7 +146,7 @@ def _pipelined(config, source, engine, follower, requests_of, out: _Output) -> N
     written in the order they started. The lag rule is the Follower's, unchanged: batch b starts only once the
     trainer has done b - L steps."""
     tl = timeline("opd-rollout")
-    inflight: list[tuple[int, list, str | None, float, int]] = []  # (tag, keys, adapter, start, version)
+    inflight: list[tuple] = []  # (tag, keys, adapter, start, version, sizes)
     finished: dict[int, list] = {}
     exhausted = stopped = False
     next_look, waiting_since = 0.0, None
@@ -170,17 +171,17 @@ def _pipelined(config, source, engine, follower, requests_of, out: _Output) -> N
                     requests, keys = requests_of(batch)
                     tag = out.batches + len(inflight)
                     engine.submit(tag, requests)
-                    inflight.append((tag, keys, config.adapter, time.time(), follower.version))
+                    inflight.append((tag, keys, config.adapter, time.time(), follower.version, _sizes(requests)))
                     deadline = time.monotonic() + config.follow_timeout
                     continue
         if inflight:
             for tag, completions in engine.poll():
                 finished[tag] = completions
             while inflight and inflight[0][0] in finished:
-                tag, keys, adapter, start, version = inflight.pop(0)
+                tag, keys, adapter, start, version, sizes = inflight.pop(0)
                 completions = finished.pop(tag)
                 tl.event("decode", start, time.time(), batch=tag, version=version,
-                         tokens=sum(len(c.response_ids) for c in completions))
+                         tokens=sum(len(c.response_ids) for c in completions), **sizes)
                 out.write(keys, completions, adapter)
             continue
         if exhausted or stopped:
@@ -348,6 +349,11 @@ class Follower:
             self.warned = True
             log.warning("--max-lag 0: groups left over from an extra batch are trained a step later unless "
                         "opd-train has --max-staleness 0 (it drops them), as the strictly on-policy loop needs")
+
+
+def _sizes(requests) -> dict:
+    """A batch's size for its timeline span (the loop benchmark's roofline)."""
+    return {"samples": len(requests), "prompt_tokens": sum(len(r.prompt_ids) for r in requests)}
 
 
 def _request(prompt_ids, seed):

@@ -72,6 +72,7 @@ def make_example(rec: dict, where: Where, config, teacher_render=None) -> Exampl
                          teacher_logp=np.asarray(block["logprobs"], np.float32))
     elif loss == "fkl" and teacher_render is not None:
         ex.teacher_context = np.asarray(teacher_render(rec, where), np.int64)
+        ex.tokens["behaviour_logp"] = np.asarray(rec["logprobs"], np.float32)  # the "ratio" metric only
     elif loss == "fkl":
         name, block = _block(rec, where, config.teacher, loss)
         if block.get("topk_ids") is None or block.get("topk_logprobs") is None:

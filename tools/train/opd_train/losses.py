@@ -168,6 +168,15 @@ def fkl_full(logits_NV: torch.Tensor, teacher_logits_NV: torch.Tensor, num_token
                              "fkl_clipped_frac": clipped_N.float().sum() / num_tokens})
 
 
+def sampled_ratio(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
+                  num_tokens: int) -> torch.Tensor:
+    """sum_t exp(log p_S(y_t) - log p_behaviour(y_t)) / #tokens at temperature 1 (no gradient): the importance
+    ratio a loss without one (fkl) reports, so a loop at --max-lag >= 1 shows how far the sampler lagged."""
+    logits_NV = logits_NV.detach().float()
+    logp_N = logits_NV.gather(-1, targets_N.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits_NV, -1)
+    return torch.exp(logp_N - behaviour_logp_N.float()).sum() / num_tokens
+
+
 def shift(logits_NV: torch.Tensor, ids_NK: torch.Tensor, delta_NK: torch.Tensor, targets_N: torch.Tensor,
           ref_logp_N: torch.Tensor, num_tokens: int, *, beta: float) -> LossOutput:
     """Direct-OPD: follow the teacher's fine-tuning shift over the student's top-k ids.

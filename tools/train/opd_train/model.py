@@ -215,7 +215,10 @@ class Student:
                                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
                                    ref_logp_N=extra.get("ref_logp"), kl_coef=cfg.kl_coef)
         if cfg.loss == "fkl" and cfg.self_teacher:
-            return losses.fkl_full(logits_NV, extra["teacher_logits"], num_tokens, temperature=cfg.loss_temperature, clip=cfg.kl_clip)
+            out = losses.fkl_full(logits_NV, extra["teacher_logits"], num_tokens, temperature=cfg.loss_temperature,
+                                  clip=cfg.kl_clip)
+            out.metrics["ratio"] = losses.sampled_ratio(logits_NV, tok["targets_N"], tok["behaviour_logp"], num_tokens)
+            return out
         if cfg.loss == "fkl":
             return losses.fkl(logits_NV, tok["ids"], tok["teacher_logp"], num_tokens, temperature=cfg.loss_temperature,
                               clip=cfg.kl_clip, tail=cfg.fkl_tail)

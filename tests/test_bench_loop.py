@@ -1,0 +1,35 @@
+"""benchmarks/bench_loop_gpu.py keeps working: the same script, on CPU with tiny models (GPU figures come
+from running it on a GPU machine; docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
+    out = tmp_path / "loop.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_loop_gpu.py"), "--tiny", "--runs",
+                           "opsd:hf:1,opd:vllm:1", "--steps", "3", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert [r["run"] for r in figures["results"]] == ["opsd:hf:1", "opd:vllm:1"]
+    for r in figures["results"]:
+        assert r["steps_measured"] == 2 and r["completion_tokens"] > 0
+        assert r["completion_tokens_per_s"] == pytest.approx(r["completion_tokens"] / r["wall_s"], rel=0.01)
+        split = r["split_seconds_per_step"]
+        for key in ("rollout_decoding", "training", "checkpoint_snapshot", "checkpoint_write_background"):
+            assert 0 < split[key] <= r["seconds_per_step"] + 0.01, (r["run"], key)
+        assert r["rollout"]["decode_tokens_per_s"] > 0
+    assert "scoring" in figures["results"][1]["split_seconds_per_step"]  # the external teacher's stage
+    assert "importance_ratio" in figures["results"][0]  # fkl with the in-trainer teacher reports it
+    assert "| opsd:hf:1 |" in done.stdout
