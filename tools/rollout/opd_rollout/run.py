@@ -32,10 +32,13 @@ def adapter_version(adapter: str | None) -> int:
     return int(json.loads(state.read_text()).get("step", 0))
 
 
+_CONFIGURED = object()
+
+
 def make_record(config, row: PromptRow, sample: int, seed: int, prompt_ids: list[int], completion,
-                adapter: str | None = None) -> dict[str, Any]:
-    """One record; `adapter` (default config.adapter) is the checkpoint that sampled it."""
-    adapter = config.adapter if adapter is None else adapter
+                adapter: str | None = _CONFIGURED) -> dict[str, Any]:
+    """One record; `adapter` (default config.adapter; None = the base weights) is the checkpoint that sampled it."""
+    adapter = config.adapter if adapter is _CONFIGURED else adapter
     rec: dict[str, Any] = {
         "schema": SCHEMA,
         "id": make_id(row.prompt_id, sample),
