@@ -56,15 +56,14 @@ def build_models(tmp: Path, tiny: bool) -> Path:
         subprocess.run([sys.executable, "-m", "opd_common.tiny", str(model)], check=True, capture_output=True)
         return model
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from bench_score_gpu import model_config  # Qwen3-1.7B's shape, as the scoring benchmark builds it
+    from transformers import Qwen3ForCausalLM
 
     from opd_common.tiny import EOS_TOKEN, build_tokenizer
 
     tokenizer = build_tokenizer()
-    config = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                         num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                         tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
-                         eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN), pad_token_id=tokenizer.pad_token_id)
+    config = model_config(tiny=False)
+    config.eos_token_id, config.pad_token_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN), tokenizer.pad_token_id
     config.dtype = "bfloat16"
     torch.manual_seed(0)
     with torch.device("cuda"):

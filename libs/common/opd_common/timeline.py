@@ -36,10 +36,6 @@ class Timeline:
             Path(folder).mkdir(parents=True, exist_ok=True)
             self._file = open(Path(folder) / f"{tool}-{os.getpid()}.jsonl", "a", buffering=1)
 
-    @property
-    def on(self) -> bool:
-        return self._file is not None
-
     def event(self, name: str, start: float, end: float, **fields) -> None:
         if self._file is None:
             return

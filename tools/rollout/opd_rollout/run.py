@@ -214,6 +214,7 @@ class Follower:
         self.emitted = 0  # records written, counted as the trainer counts records_read (from the run's start)
         self.before = self.reader_text()  # a reader.json already there is a previous (killed) trainer's
         self.warned = False
+        self._run_config: tuple[tuple[int, int], dict] | None = None  # ((mtime_ns, size), config) last parsed
 
     def reader_text(self) -> str | None:
         try:
@@ -222,8 +223,17 @@ class Follower:
             return None
 
     def run_config(self) -> dict:
+        """The trainer's config.json ({} before it exists), parsed again only when the file changed: the
+        pipelined rollout looks at the run dir every 20 ms."""
         config_file = self.run_dir / "config.json"
-        return json.loads(config_file.read_text())["config"] if config_file.exists() else {}
+        try:
+            stat = config_file.stat()
+        except OSError:
+            return {}
+        key = (stat.st_mtime_ns, stat.st_size)
+        if self._run_config is None or self._run_config[0] != key:
+            self._run_config = (key, json.loads(config_file.read_text())["config"])
+        return self._run_config[1]
 
     def lora_shape(self) -> dict:
         """The trainer's LoRA (r, alpha, targets) from the run's config.json, waiting for opd-train to write it."""

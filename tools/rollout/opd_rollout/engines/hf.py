@@ -81,18 +81,30 @@ class HfEngine:
             dtype = pick_dtype(config.dtype, self.device, config.model)
             model = load_causal_lm(config.model, config.revision, dtype, self.device, config.adapter)
         use_gqa_attention(model)
-        self.model = model
+        self._buckets: dict[tuple[int, int], _Buffers] = {}
+        self._use_model(model)
         self.stop_ids = self._stop_ids()
         self.stop_S = torch.tensor(self.stop_ids, device=self.device)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_ids[0]
         graph = getattr(config, "cuda_graph", None)
         self.use_graph = self.device.startswith("cuda") if graph is None else bool(graph)
-        self._buckets: dict[tuple[int, int], _Buffers] = {}
-        # the decode forward, optionally compiled (fuses the many small elementwise kernels)
-        self._decode_forward = torch.compile(model, dynamic=False) if getattr(config, "compile", False) else model
         self.tokens_generated = 0
         self.seconds = 0.0
         self.captures = 0  # graphs captured (one per bucket; a new adapter version adds none)
+
+    def _use_model(self, model) -> None:
+        """Decode with `model` from now on: its forward optionally compiled (fuses the many small elementwise
+        kernels); graphs captured for another model are dropped."""
+        import torch
+
+        self.model = model
+        self._buckets.clear()
+        self._decode_forward = torch.compile(model, dynamic=False) if getattr(self.config, "compile", False) else model
+
+    @property
+    def _spare(self) -> int:
+        """Positions past the last sampled one that the capture's steps write (0 without graphs)."""
+        return CAPTURE_STEPS if self.use_graph else 0
 
     def _stop_ids(self) -> list[int]:
         ids = set()
@@ -120,16 +132,13 @@ class HfEngine:
     def prepare_adapter(self, lora: dict) -> None:
         """--follow: wrap the model in a zero LoRA of the trainer's shape (`lora`: r, alpha, targets) before the
         first batch, so that every checkpoint later loads into the same tensors (nothing recompiles)."""
-        import torch
         from peft import LoraConfig, get_peft_model
 
         targets = lora["targets"]
         targets = "all-linear" if targets == "all-linear" else [t.strip() for t in targets.split(",")]
         config = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], target_modules=targets, task_type="CAUSAL_LM",
                             init_lora_weights=True)  # B = 0: the wrapped model computes exactly the base model
-        self.model = get_peft_model(self.model, config).eval()
-        self._buckets.clear()
-        self._decode_forward = torch.compile(self.model, dynamic=False) if getattr(self.config, "compile", False) else self.model
+        self._use_model(get_peft_model(self.model, config).eval())
 
     def set_adapter(self, path: str | None, version: int) -> None:
         """--follow: load this checkpoint's LoRA weights into the model in place (peft)."""
@@ -138,12 +147,8 @@ class HfEngine:
 
         if path is None:
             return
-        if not isinstance(self.model, PeftModel):
-            self.model = PeftModel.from_pretrained(self.model, path)
-            self.model.eval()
-            self._buckets.clear()  # captured graphs belong to the model without the adapter
-            compiled = getattr(self.config, "compile", False)
-            self._decode_forward = torch.compile(self.model, dynamic=False) if compiled else self.model
+        if not isinstance(self.model, PeftModel):  # no prepare_adapter: wrap (captured graphs are rebuilt once)
+            self._use_model(PeftModel.from_pretrained(self.model, path).eval())
             return
         before = {n: p.data_ptr() for n, p in self.model.named_parameters() if "lora_" in n}
         with torch.no_grad():
@@ -169,7 +174,7 @@ class HfEngine:
             self._buckets.clear()  # eager decoding: keep only the current batch's buffers
         if key not in self._buckets:
             k, dev = self.config.topk_logprobs, self.device
-            S = self.config.max_tokens + (CAPTURE_STEPS if self.use_graph else 0)  # room for the capture's steps
+            S = self.config.max_tokens + self._spare  # room for the capture's steps
             lp_dtype = torch.float32
             self._buckets[key] = _Buffers(
                 cache=StaticCache(config=self.model.config, max_cache_len=L),
@@ -289,8 +294,7 @@ class HfEngine:
         B = self.config.batch_size if self.use_graph else len(requests)
         padded = list(requests) + [requests[-1]] * (B - len(requests))  # fixed batch for the graph
         P = max(len(r.prompt_ids) for r in requests)
-        spare = CAPTURE_STEPS if self.use_graph else 0  # the capture's steps run past the last position
-        L = -(-(P + self.config.max_tokens + spare) // LENGTH_BUCKET) * LENGTH_BUCKET
+        L = -(-(P + self.config.max_tokens + self._spare) // LENGTH_BUCKET) * LENGTH_BUCKET
         buf = self._buffers(B, L)
         steps = self.config.max_tokens
         with torch.inference_mode():

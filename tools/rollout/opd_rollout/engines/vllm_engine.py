@@ -75,7 +75,6 @@ class VllmEngine:
         self.tokens_generated = 0
         self.seconds = 0.0
         self._open: dict[int, list] = {}  # submitted batch -> its completions (None until finished)
-        self._left: dict[int, int] = {}
 
     def _params(self, req: SampleRequest):
         from vllm import SamplingParams
@@ -109,7 +108,6 @@ class VllmEngine:
             engine.add_request(f"b{tag}:{i}", TokensPrompt(prompt_token_ids=list(req.prompt_ids)), params,
                                lora_request=self.lora)
         self._open[tag] = [None] * len(requests)
-        self._left[tag] = len(requests)
 
     def poll(self) -> list[tuple[int, list[Completion]]]:
         """One engine step; the batches (tag, completions in request order) that it finished."""
@@ -120,14 +118,9 @@ class VllmEngine:
             tag, index = out.request_id[1:].split(":")
             tag = int(tag)
             self._open[tag][int(index)] = self._completion(out.outputs[0])
-            self._left[tag] -= 1
-            if self._left[tag] == 0:
-                del self._left[tag]
+            if None not in self._open[tag]:
                 done.append((tag, self._open.pop(tag)))
         return done
-
-    def in_flight(self) -> int:
-        return len(self._open)
 
     def abort(self) -> None:
         """Drop every submitted batch (the trainer has finished: nobody reads them)."""
@@ -135,7 +128,6 @@ class VllmEngine:
         if ids:
             self.llm.llm_engine.abort_request(ids)
         self._open.clear()
-        self._left.clear()
 
     def _completion(self, out) -> Completion:
         k = self.config.topk_logprobs
