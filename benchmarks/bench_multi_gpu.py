@@ -50,7 +50,8 @@ def build_records(path: Path, n: int, prompt_len: int, response_len: int, vocab:
     import numpy as np
 
     from opd_common.records import SCHEMA, make_id
-    from opd_common.streams import atomic_write_bytes, encode
+    from opd_common.rundir import atomic_write_bytes
+    from opd_common.streams import encode
 
     rng = np.random.default_rng(0)
     lines = []

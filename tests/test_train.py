@@ -173,7 +173,7 @@ def test_resume_gives_the_same_steps_bit_for_bit(interleaved, tiny_model, tmp_pa
 
 KILL_AT_SAVE = """
 import os, sys
-import opd_train.checkpoint as c
+import opd_common.rundir as c
 original = c.{target}
 def killed(*args, **kwargs):
     if "checkpoint-000004" in str(args[0]) or "checkpoint-000004" in str(args[-1]):
@@ -186,10 +186,10 @@ main(sys.argv[1:])
 
 
 @pytest.mark.slow  # two subprocesses that load torch
-@pytest.mark.parametrize("target", ["_fsync_tree", "write_atomic"])
+@pytest.mark.parametrize("target", ["fsync_tree", "atomic_write_text"])
 def test_a_process_killed_mid_save_leaves_the_previous_checkpoint(scored, tiny_model, tmp_path, target):
-    """Killed while checkpoint 4 is being written (_fsync_tree: files written, not renamed) or just
-    after its rename (write_atomic of `latest`): `latest` still names checkpoint 2, which loads, and
+    """Killed while checkpoint 4 is being written (fsync_tree: files written, not renamed) or just
+    after its rename (atomic_write_text of `latest`): `latest` still names checkpoint 2, which loads, and
     --resume finishes the run."""
     run_dir = tmp_path / "run"
     args = ["--quiet", *base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "5", "--batch-size", "3",

@@ -76,7 +76,8 @@ def build_world(out_dir: str | Path, seed: int = 0, digits: int = 2, n_train: in
     """Write base/, train.jsonl, test.jsonl and sft.jsonl into out_dir (see the module docstring)."""
     from transformers import AutoTokenizer
 
-    from .streams import atomic_write_bytes, encode
+    from .rundir import atomic_write_bytes
+    from .streams import encode
     from .tiny import build_tiny
 
     _quiet_transformers()

@@ -30,6 +30,7 @@ import zstandard
 from . import __version__
 from .errors import RecordError, StreamError
 from .records import SCHEMA, Where, pack_tree, plain_tree, unpack_tree, validate
+from .rundir import atomic_write_bytes
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 MANIFEST = "manifest.json"
@@ -274,15 +275,6 @@ class ManifestInfo:
     tool: str
     config: dict[str, Any] = field(default_factory=dict)
     inputs: list[InputSource] = field(default_factory=list)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def prepare_out_dir(out_dir: Path, overwrite: bool, resumable: bool = False) -> None:

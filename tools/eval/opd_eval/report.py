@@ -127,7 +127,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def write(directory: Path, out_dir: Path | None, resamples: int, seed: int, force: bool) -> tuple[str, Path, Path]:
     """Build, render and write report.md and accuracy.png (atomically); returns (markdown, paths)."""
-    from opd_common.streams import atomic_write_bytes
+    from opd_common.rundir import atomic_write_bytes
 
     report = build(directory, resamples, seed, force)
     out_dir = out_dir or directory

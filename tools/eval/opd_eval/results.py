@@ -18,12 +18,13 @@ from typing import Any
 import orjson
 
 from opd_common.errors import ConfigError, StreamError
+from opd_common.rundir import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 SCHEMA = "opd-eval/1"
 PROGRESS_SUFFIX = ".progress.jsonl"
 # Model files whose bytes define the model (weights, config, tokenizer, chat template).
 MODEL_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model", ".jinja", ".tiktoken")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json")
+ADAPTER_FILES = (ADAPTER_WEIGHTS, "adapter_model.bin", ADAPTER_CONFIG)  # peft's files (.bin: older adapters)
 
 
 # ------------------------------------------------------------------------------------ hashes
@@ -153,7 +154,7 @@ class ProgressWriter:
 
 
 def write_results(out: Path, results: dict) -> None:
-    from opd_common.streams import atomic_write_bytes
+    from opd_common.rundir import atomic_write_bytes
 
     atomic_write_bytes(out, orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from opd_common import rundir
 from opd_common.errors import ConfigError, RecordError
 from opd_common.models import check_model_ref
 
@@ -25,7 +26,6 @@ from .results import (SCHEMA, ProgressWriter, adapter_identity, check_resumable,
                       prepare_output, read_progress, write_results)
 
 log = logging.getLogger("opd-eval")
-LATEST = "latest"
 
 
 # ---------------------------------------------------------------------------------- adapters
@@ -40,48 +40,48 @@ def resolve_adapter(config) -> tuple[str | None, int | None]:
     run_dir = Path(config.run_dir)
     if not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: no such directory")
-    wanted = config.checkpoint or LATEST
-    if wanted == LATEST:
-        pointer = run_dir / LATEST
-        if not pointer.exists():
-            raise ConfigError(f"--run-dir {run_dir}: no '{LATEST}' file yet (no checkpoint written); "
+    wanted = config.checkpoint or rundir.LATEST
+    if wanted == rundir.LATEST:
+        found = rundir.read_latest(run_dir)
+        if found is None:
+            raise ConfigError(f"--run-dir {run_dir}: no '{rundir.LATEST}' file yet (no checkpoint written); "
                               f"give --checkpoint N{_available(run_dir)}")
-        folder = run_dir / pointer.read_text().strip()
     else:
-        if not re.fullmatch(r"\d+", wanted):
-            raise ConfigError(f"--checkpoint must be a step number or '{LATEST}', got {wanted!r}")
-        folder = run_dir / f"checkpoint-{int(wanted):06d}"
-        if not folder.exists() and int(wanted) == 0:
-            log.info("--checkpoint 0: %s has no checkpoint-000000, evaluating the base model (step 0)", run_dir)
+        found = _checkpoint_at(run_dir, wanted)
+        if found is None:
             return None, 0
-    if not folder.is_dir():
-        raise ConfigError(f"--checkpoint {wanted}: {run_dir} has no {folder.name}/{_available(run_dir)}")
-    return _check_adapter(folder, "--checkpoint"), _step_of(folder)
+    return str(found.path), _step_of(found.path)
+
+
+def _checkpoint_at(run_dir: Path, wanted: str) -> rundir.Checkpoint | None:
+    """--checkpoint N: the finished checkpoint of step N (None: step 0 of a run without a checkpoint-000000)."""
+    if not re.fullmatch(r"\d+", wanted):
+        raise ConfigError(f"--checkpoint must be a step number or '{rundir.LATEST}', got {wanted!r}")
+    found = rundir.find_checkpoint(run_dir, int(wanted))
+    name = rundir.checkpoint_name(int(wanted))
+    if found is None and int(wanted) == 0 and not (run_dir / name).exists():
+        log.info("--checkpoint 0: %s has no %s, evaluating the base model (step 0)", run_dir, name)
+        return None
+    if found is None:
+        raise ConfigError(f"--checkpoint {wanted}: {run_dir} has no {name}/{_available(run_dir)}")
+    return found
 
 
 def _available(run_dir: Path) -> str:
-    steps = sorted(int(m.group(1)) for p in run_dir.iterdir() if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    steps = [c.step for c in rundir.list_checkpoints(run_dir)]
     return f" (checkpoints there: {', '.join(map(str, steps))})" if steps else " (it has no checkpoints)"
 
 
 def _check_adapter(folder: Path, flag: str) -> str:
-    if not (folder / "adapter_config.json").is_file():
-        raise ConfigError(f"{flag}: {folder} has no adapter_config.json (expected a peft LoRA folder)")
+    if not (folder / rundir.ADAPTER_CONFIG).is_file():
+        raise ConfigError(f"{flag}: {folder} has no {rundir.ADAPTER_CONFIG} (expected a peft LoRA folder)")
     return str(folder)
 
 
 def _step_of(folder: Path) -> int | None:
     """The trainer step of an adapter: trainer_state.json's 'step', else a checkpoint-N name."""
-    state = folder / "trainer_state.json"
-    if state.is_file():
-        try:
-            step = orjson.loads(state.read_bytes()).get("step")
-            if isinstance(step, int):
-                return step
-        except (orjson.JSONDecodeError, AttributeError):
-            pass
-    m = re.fullmatch(r"checkpoint-(\d+)", folder.name)
-    return int(m.group(1)) if m else None
+    step = rundir.read_trainer_state(folder).get("step")
+    return step if isinstance(step, int) else rundir.parse_checkpoint_name(folder.name)
 
 
 # ------------------------------------------------------------------------------- evaluation

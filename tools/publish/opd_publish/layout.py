@@ -8,6 +8,8 @@ Target layout (identical for hf:// and file://):
   checkpoint_index.json     the only record of completion: a checkpoint is published when, and
                             only when, it is listed here (written after its files were verified)
   README.md                 model card from config.json and metrics.jsonl
+
+The run directory's names and which of its checkpoints are finished: opd_common.rundir.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opd_common import rundir
 from opd_common.errors import ConfigError, StreamError
 from opd_common.streams import sha256_file
 
@@ -26,13 +29,8 @@ INDEX = "checkpoint_index.json"
 CARD = "README.md"
 SUMS = "sha256sums.txt"
 RESUME_DIR = "latest-resume"
-RESUME_FILES = ("trainer_state.pt", "trainer_state.json")
-EXCLUDED = {"trainer_state.pt"}  # resume state: only under latest-resume/, with --with-resume-state
-CKPT_RE = re.compile(r"^checkpoint-(\d{6,})$")
-
-
-def checkpoint_name(step: int) -> str:
-    return f"checkpoint-{step:06d}"
+RESUME_FILES = (rundir.RESUME_STATE, rundir.TRAINER_STATE)
+EXCLUDED = {rundir.RESUME_STATE}  # resume state: only under latest-resume/, with --with-resume-state
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -69,14 +67,9 @@ class Manifest:
         return out
 
 
-@dataclass
-class LocalCheckpoint:
-    step: int
-    path: Path
-
-    @property
-    def name(self) -> str:
-        return self.path.name
+@dataclass(frozen=True)
+class LocalCheckpoint(rundir.Checkpoint):
+    """A finished checkpoint of the run directory, as published."""
 
     def files(self) -> dict[str, Path]:
         """The files to publish (everything but the resume state; hidden files skipped)."""
@@ -90,40 +83,23 @@ class LocalCheckpoint:
     def manifest(self) -> Manifest:
         return Manifest.of_files(self.files())
 
-    def state(self) -> dict[str, Any]:
-        path = self.path / "trainer_state.json"
-        return json.loads(path.read_text()) if path.exists() else {}
-
 
 class RunDir:
     """An opd-train run directory: config.json, metrics.jsonl, checkpoint-NNNNNN/, latest."""
 
     def __init__(self, path: Path | str):
         self.path = Path(path)
-        if not (self.path / "config.json").is_file():
-            raise ConfigError(f"RUN_DIR {self.path} has no config.json (is it an opd-train --out directory?)")
-        self.config = json.loads((self.path / "config.json").read_text())
-
-    def _folders(self) -> list[LocalCheckpoint]:
-        found = []
-        for p in self.path.iterdir():
-            m = CKPT_RE.match(p.name)
-            if m and p.is_dir() and (p / "adapter_model.safetensors").exists():
-                found.append(LocalCheckpoint(int(m.group(1)), p))
-        return sorted(found, key=lambda c: c.step)
+        if not (self.path / rundir.CONFIG).is_file():
+            raise ConfigError(f"RUN_DIR {self.path} has no {rundir.CONFIG} (is it an opd-train --out directory?)")
+        self.config = json.loads((self.path / rundir.CONFIG).read_text())
 
     def checkpoints(self) -> list[LocalCheckpoint]:
-        """Finished checkpoints, by step: none after `latest` (a folder renamed into place by a save
-        that crashed before `latest` moved is not trusted, as opd-train --resume does not trust it)."""
-        latest = self.latest()
-        return [c for c in self._folders() if latest is None or c.step <= latest.step]
+        """Finished checkpoints, by step (rundir.list_checkpoints: none after `latest`)."""
+        return [LocalCheckpoint(c.step, c.path) for c in rundir.list_checkpoints(self.path)]
 
     def latest(self) -> LocalCheckpoint | None:
-        pointer = self.path / "latest"
-        if not pointer.exists():
-            return None
-        name = pointer.read_text().strip()
-        return next((c for c in self._folders() if c.name == name), None)
+        latest = rundir.read_latest(self.path)
+        return None if latest is None else LocalCheckpoint(latest.step, latest.path)
 
     def select(self, spec: str) -> list[LocalCheckpoint]:
         """--checkpoints all | latest | N,M (steps)."""
@@ -132,7 +108,7 @@ class RunDir:
             raise ConfigError(f"RUN_DIR {self.path} has no checkpoint-NNNNNN/ folders yet; nothing to publish")
         if spec == "all":
             return ckpts
-        if spec == "latest":
+        if spec == rundir.LATEST:
             latest = self.latest()
             if latest is None:
                 raise ConfigError(f"--checkpoints latest: {self.path}/latest is missing or points nowhere")
@@ -149,7 +125,7 @@ class RunDir:
         return [by_step[s] for s in sorted(set(steps))]
 
     def metrics(self) -> dict[int, dict[str, Any]]:
-        path = self.path / "metrics.jsonl"
+        path = self.path / rundir.METRICS
         out = {}
         if path.exists():
             for line in path.read_text().splitlines():

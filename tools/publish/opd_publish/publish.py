@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from opd_common.errors import ConfigError, OpdError, StreamError
+from opd_common.rundir import checkpoint_name
 
 from .card import render_card
-from .layout import (CARD, INDEX, RESUME_DIR, RESUME_FILES, SUMS, LocalCheckpoint, Manifest, RunDir,
-                     checkpoint_name, sha256_bytes)
+from .layout import CARD, INDEX, RESUME_DIR, RESUME_FILES, SUMS, LocalCheckpoint, Manifest, RunDir, sha256_bytes
 from .targets import Target
 
 log = logging.getLogger("opd-publish")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from opd_common import rundir
 from opd_common.batching import batches
 from opd_common.errors import OpdError
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
@@ -20,16 +20,12 @@ from .prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt
 from .sampling import derive_seed
 
 log = logging.getLogger("opd-rollout")
-READER = "reader.json"  # opd-train's input reader state in its run dir (opd_train.run.READER)
 
 
 @functools.lru_cache(maxsize=8)
 def adapter_version(adapter: str | None) -> int:
     """policy.version: the trainer step of an opd-train checkpoint (its trainer_state.json), else 0."""
-    state = Path(adapter) / "trainer_state.json" if adapter else None
-    if state is None or not state.is_file():
-        return 0
-    return int(json.loads(state.read_text()).get("step", 0))
+    return int(rundir.read_trainer_state(Path(adapter)).get("step", 0)) if adapter else 0
 
 
 _CONFIGURED = object()
@@ -209,37 +205,17 @@ class Follower:
     def __init__(self, config):
         self.config = config
         self.run_dir = Path(config.follow)
+        self.run = rundir.RunReader(self.run_dir)  # config.json, latest and reader.json as the trainer writes them
         self.batch = 0
         self.version = 0
         self.emitted = 0  # records written, counted as the trainer counts records_read (from the run's start)
-        self.before = self.reader_text()  # a reader.json already there is a previous (killed) trainer's
         self.warned = False
-        self._run_config: tuple[tuple[int, int], dict] | None = None  # ((mtime_ns, size), config) last parsed
-
-    def reader_text(self) -> str | None:
-        try:
-            return (self.run_dir / READER).read_text()
-        except OSError:
-            return None
-
-    def run_config(self) -> dict:
-        """The trainer's config.json ({} before it exists), parsed again only when the file changed: the
-        pipelined rollout looks at the run dir every 20 ms."""
-        config_file = self.run_dir / "config.json"
-        try:
-            stat = config_file.stat()
-        except OSError:
-            return {}
-        key = (stat.st_mtime_ns, stat.st_size)
-        if self._run_config is None or self._run_config[0] != key:
-            self._run_config = (key, json.loads(config_file.read_text())["config"])
-        return self._run_config[1]
 
     def lora_shape(self) -> dict:
         """The trainer's LoRA (r, alpha, targets) from the run's config.json, waiting for opd-train to write it."""
         deadline = time.monotonic() + self.config.follow_timeout
         while True:
-            config = self.run_config()
+            config = self.run.config()
             if "lora_r" in config:
                 return {"r": config["lora_r"], "alpha": config["lora_alpha"], "targets": config["lora_targets"]}
             if time.monotonic() > deadline:
@@ -249,23 +225,9 @@ class Follower:
 
     def trainer_state(self) -> tuple[int, int | None, Path | None]:
         """(steps done, the run's --max-steps, newest checkpoint) as the run dir says now."""
-        max_steps = self.run_config().get("max_steps")
-        latest = self.run_dir / "latest"
-        if not latest.exists():
-            return 0, max_steps, None
-        path = self.run_dir / latest.read_text().strip()
-        return adapter_version(str(path)), max_steps, path
-
-    def reader(self) -> dict:
-        """The trainer's RUN/reader.json, written each time its input runs dry ({} when absent or older)."""
-        text = self.reader_text()
-        if text is None or text == self.before:
-            return {}
-        try:
-            state = json.loads(text)
-        except ValueError:
-            return {}
-        return state if isinstance(state, dict) else {}
+        max_steps = self.run.config().get("max_steps")
+        latest = self.run.latest()
+        return (0, max_steps, None) if latest is None else (latest.step, max_steps, latest.path)
 
     def check_checkpoints(self, state: dict, step: int) -> None:
         """Fail at once, not after --follow-timeout, when the trainer (its reader.json `state`) has read every
@@ -278,7 +240,7 @@ class Follower:
             return
         step = self.trainer_state()[0]
         if done > step:
-            every = self.run_config().get("save_every")
+            every = self.run.config().get("save_every")
             saves = f"--save-every {every}" if every else "no --save-every (it saves only at the end)"
             raise OpdError(f"--follow {self.run_dir}: the trainer has done {done} steps and waits for records, but its "
                            f"newest checkpoint is step {step} ({saves}), so this rollout cannot sample the next batch "
@@ -289,7 +251,7 @@ class Follower:
         step, _, path = self.trainer_state()
         if path is None:
             return rows
-        read = json.loads((path / "trainer_state.json").read_text()).get("records_read", 0)
+        read = rundir.read_trainer_state(path).get("records_read", 0)
         skip = read // self.config.n
         self.batch = step
         self.emitted = read  # the resumed trainer counts on from here
@@ -324,7 +286,7 @@ class Follower:
         if extra:
             if busy:
                 return None
-            state = self.reader()
+            state = self.run.reader()
             if not (state.get("steps_done") == step and state.get("records_read", -1) >= self.emitted):
                 self.check_checkpoints(state, step)
                 return None  # not starved: it has records to train on, or has not read them yet
@@ -348,7 +310,7 @@ class Follower:
 
     def timeout_error(self) -> OpdError:
         step = self.trainer_state()[0]
-        read = self.reader().get("records_read")
+        read = self.run.reader().get("records_read")
         reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
         return OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
                         f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "
@@ -358,7 +320,7 @@ class Follower:
         log.info("the trainer read all %d records and needs more for step %d (it dropped groups: "
                  "dynamic sampling or --max-staleness); "
                  "sampling another batch with version %d", self.emitted, step + 1, step)
-        if self.config.max_lag == 0 and self.run_config().get("max_staleness") != 0 and not self.warned:
+        if self.config.max_lag == 0 and self.run.config().get("max_staleness") != 0 and not self.warned:
             self.warned = True
             log.warning("--max-lag 0: groups left over from an extra batch are trained a step later unless "
                         "opd-train has --max-staleness 0 (it drops them), as the strictly on-policy loop needs")

@@ -13,23 +13,26 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from opd_common import rundir
 from opd_common.errors import RecordError
 from opd_common.records import Where
 
 
-def checkpoint_name(version: int) -> str:
-    """opd-train's folder name for the checkpoint of trainer step `version` (opd_train.checkpoint)."""
-    return f"checkpoint-{version:06d}"
+def adapters_for(run_dir: str, window: list[tuple[dict, Where]]) -> list[str | None]:
+    """adapter_for of each record of a window (the run's finished checkpoints listed once, not per record)."""
+    finished = {c.step: c for c in rundir.list_checkpoints(Path(run_dir))}
+    return [adapter_for(run_dir, rec, where, finished) for rec, where in window]
 
 
-def adapter_for(run_dir: str, rec: dict, where: Where) -> str | None:
-    """The checkpoint folder that sampled `rec` (None for version 0), checked to exist."""
+def adapter_for(run_dir: str, rec: dict, where: Where, finished: dict[int, rundir.Checkpoint]) -> str | None:
+    """The checkpoint folder that sampled `rec` (None for version 0), checked to be among the run's `finished`
+    checkpoints (by step)."""
     policy = rec.get("policy") or {}
     version = policy.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise RecordError(f"{where} (id {rec.get('id')}): policy.version is {version!r}, --follow {run_dir} needs "
                           "the trainer step that sampled it (records from opd-rollout --follow carry it)")
-    expected = None if version == 0 else checkpoint_name(version)
+    expected = None if version == 0 else rundir.checkpoint_name(version)
     sampled = policy.get("adapter")
     if (None if sampled is None else Path(sampled).name) != expected:
         raise RecordError(f"{where} (id {rec['id']}): policy.version {version} but policy.adapter is {sampled!r}; "
@@ -38,7 +41,7 @@ def adapter_for(run_dir: str, rec: dict, where: Where) -> str | None:
     if version == 0:
         return None
     path = Path(run_dir) / expected
-    if not (path / "adapter_config.json").is_file():
+    if version not in finished:
         raise RecordError(f"{where} (id {rec['id']}): policy.version {version} needs the checkpoint {path}, which "
                           "is missing (pruned, never written, or another run?); --follow scores each record with "
                           "the checkpoint that sampled it, so keep the run's checkpoints until they are scored")

@@ -20,7 +20,7 @@ from opd_common.errors import ConfigError, RecordError
 from opd_common.records import Where
 from opd_common.streams import InputSource, iter_inputs
 
-from .follow import adapter_for, by_adapter
+from .follow import adapters_for, by_adapter
 from .teacher_hf import Sequence
 from .templates import AS_IS, Template, load
 
@@ -140,7 +140,7 @@ class Scorer:
     def score(self, window: list[tuple[dict, Where]]) -> None:
         cfg = self.config
         cache: dict = {}
-        adapters = [adapter_for(cfg.follow, rec, where) for rec, where in window] if cfg.follow else None
+        adapters = adapters_for(cfg.follow, window) if cfg.follow else None
         for t in cfg.teachers:
             flag = f"--teacher {t.name}={t.model}"
             seqs = []

@@ -1,8 +1,9 @@
-"""Run directory: config.json, metrics.jsonl, atomic checkpoint-NNNNNN/ folders and the `latest` pointer.
+"""Checkpoints on the training side: snapshot, atomic write, background writer, RNG states, load, metrics cut.
 
-A checkpoint is written into a hidden temporary folder, every file fsynced, then renamed into
-place; only then is ``latest`` replaced (write a temp file, rename). A crash at any moment leaves
-the previous checkpoint and ``latest`` valid: readers trust ``latest``, never a folder listing.
+The run directory's names, the `latest` pointer and what counts as a finished checkpoint are in
+opd_common.rundir (docs/architecture.md, "run-dir handshake"). A checkpoint is written into a hidden
+temporary folder, every file fsynced, then renamed into place; only then is ``latest`` replaced (write a
+temp file, rename). A crash at any moment leaves the previous checkpoint and ``latest`` valid.
 
 checkpoint-NNNNNN/
   adapter_model.safetensors, adapter_config.json   peft LoRA (PeftModel.from_pretrained, vLLM LoRARequest)
@@ -22,36 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from opd_common import rundir
 from opd_common.errors import ConfigError
-
-LATEST = "latest"
-CONFIG = "config.json"
-METRICS = "metrics.jsonl"
-
-
-def checkpoint_name(step: int) -> str:
-    return f"checkpoint-{step:06d}"
-
-
-def _fsync_tree(path: Path) -> None:
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def rng_state() -> dict[str, Any]:
@@ -104,22 +77,22 @@ def write(run_dir: Path, step: int, snap: dict[str, Any], tokenizer, summary: di
     import torch
     from safetensors.torch import save_file
 
-    final = run_dir / checkpoint_name(step)
+    final = run_dir / rundir.checkpoint_name(step)
     tmp = run_dir / f".{final.name}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    save_file(snap["weights"], str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+    save_file(snap["weights"], str(tmp / rundir.ADAPTER_WEIGHTS), metadata={"format": "pt"})
     snap["lora"].save_pretrained(str(tmp))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
-    torch.save(snap["state"], tmp / "trainer_state.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(summary, indent=1) + "\n")
-    _fsync_tree(tmp)
+    torch.save(snap["state"], tmp / rundir.RESUME_STATE)
+    (tmp / rundir.TRAINER_STATE).write_text(json.dumps(summary, indent=1) + "\n")
+    rundir.fsync_tree(tmp)
     if final.exists():  # left by a crash after its rename but before `latest` moved: not trusted
         shutil.rmtree(final)
     os.replace(tmp, final)
-    write_atomic(run_dir / LATEST, final.name + "\n")
+    rundir.atomic_write_text(run_dir / rundir.LATEST, final.name + "\n")
     return final
 
 
@@ -166,34 +139,26 @@ class BackgroundWriter:
             raise error
 
 
-def latest(run_dir: Path) -> Path | None:
-    pointer = run_dir / LATEST
-    if not pointer.exists():
-        return None
-    path = run_dir / pointer.read_text().strip()
-    if not (path / "trainer_state.pt").exists():
-        raise ConfigError(f"{pointer} points to {path.name}, which is missing or incomplete; "
-                          "the run directory was edited by hand?")
-    return path
-
-
 def load(path: Path, student) -> dict[str, Any]:
     """Load the adapter weights into `student` and return the trainer state."""
     import torch
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    weights = load_file(str(path / "adapter_model.safetensors"), device=str(student.device))
+    if not (path / rundir.RESUME_STATE).is_file():
+        raise ConfigError(f"{path} has no {rundir.RESUME_STATE} (the optimizer, scheduler and RNG states that "
+                          "--resume needs); the run directory was edited by hand?")
+    weights = load_file(str(path / rundir.ADAPTER_WEIGHTS), device=str(student.device))
     result = set_peft_model_state_dict(student.peft, weights)
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
         raise ConfigError(f"{path}: adapter weights do not fit this model ({unexpected[:3]} ...)")
-    return torch.load(path / "trainer_state.pt", weights_only=False)
+    return torch.load(path / rundir.RESUME_STATE, weights_only=False)
 
 
 def truncate_metrics(run_dir: Path, step: int) -> None:
     """Drop metric lines of steps after `step` (done before a crash, not in any checkpoint)."""
-    path = run_dir / METRICS
+    path = run_dir / rundir.METRICS
     if not path.exists():
         return
     keep = []
@@ -203,4 +168,4 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
                 keep.append(line)
         except (ValueError, KeyError):
             break  # a torn last line
-    write_atomic(path, "".join(line + "\n" for line in keep))
+    rundir.atomic_write_text(path, "".join(line + "\n" for line in keep))

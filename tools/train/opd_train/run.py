@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from opd_common import rundir
 from opd_common.errors import ConfigError, OpdError
 from opd_common.records import Where
 from opd_common.streams import decode_line, encode, iter_inputs
@@ -33,7 +34,6 @@ from .data import StepBatches, make_example, micro_batches
 
 log = logging.getLogger("opd-train")
 
-READER = "reader.json"  # the input reader's state while it waits for records (opd-rollout --follow reads it)
 _END = object()
 
 # options that may differ between a run and its --resume
@@ -67,10 +67,10 @@ def prepare_run_dir(config, inputs: list[str]) -> Path:
 
     run_dir = Path(config.out)
     record = {"tool": "opd-train", "version": __version__, "config": resolved(config), "inputs": inputs}
-    existing = run_dir / ckpt.CONFIG
+    existing = run_dir / rundir.CONFIG
     if config.resume:
         if not existing.exists():
-            raise ConfigError(f"--resume: {run_dir} has no {ckpt.CONFIG}; nothing to resume (drop --resume)")
+            raise ConfigError(f"--resume: {run_dir} has no {rundir.CONFIG}; nothing to resume (drop --resume)")
         old = json.loads(existing.read_text())["config"]
         new = record["config"]
         differ = sorted(k for k in set(old) | set(new) if k not in NOT_COMPARED and old.get(k) != new.get(k))
@@ -83,7 +83,7 @@ def prepare_run_dir(config, inputs: list[str]) -> Path:
             raise ConfigError(f"--out {run_dir} is not empty; use --resume to continue its run or --overwrite to replace it")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt.write_atomic(existing, json.dumps(record, indent=1) + "\n")
+    rundir.atomic_write_text(existing, json.dumps(record, indent=1) + "\n")
     return run_dir
 
 
@@ -213,10 +213,10 @@ class Trainer:
         try:
             results = push(self.run_dir, parse_target(self.config.publish, quiet=True), checkpoints=str(self.step))
         except OpdError as exc:
-            raise PublishFailed(f"--publish {self.config.publish}: {ckpt.checkpoint_name(self.step)} was saved "
+            raise PublishFailed(f"--publish {self.config.publish}: {rundir.checkpoint_name(self.step)} was saved "
                                 f"locally but not published, so the run stops: {exc}; fix the target, then "
                                 f"`opd-publish push {self.run_dir} --repo {self.config.publish}` and --resume") from None
-        log.info("published %s: %s", ckpt.checkpoint_name(self.step), results[0].get("status"))
+        log.info("published %s: %s", rundir.checkpoint_name(self.step), results[0].get("status"))
 
     # ------------------------------------------------------------------ one step
 
@@ -340,7 +340,7 @@ def publish_reader(run_dir: Path, stream: StepBatches, trainer: Trainer | None =
         trainer.flush()
     state = {"steps_done": stream.step, "filling": stream.step + 1, "records_read": stream.consumed,
              "pending": len(stream.pending), "groups_dropped": stream.groups_dropped, "time": time.time()}
-    ckpt.write_atomic(run_dir / READER, json.dumps(state) + "\n")
+    rundir.atomic_write_text(run_dir / rundir.READER, json.dumps(state) + "\n")
 
 
 def run(config, inputs: list[str], stdout=None) -> int:
@@ -354,9 +354,9 @@ def run(config, inputs: list[str], stdout=None) -> int:
         import torch.distributed as dist
 
         dist.barrier()
-    start = ckpt.latest(run_dir) if config.resume else None
+    start = rundir.read_latest(run_dir) if config.resume else None
     if start is not None:
-        trainer.restore(start)
+        trainer.restore(start.path)
         if trainer.step >= config.max_steps:
             raise ConfigError(f"--resume: {run_dir} is complete ({start.name}, --max-steps {config.max_steps}); nothing to do")
         log.info("resuming from %s (step %d, %d records read)", start.name, trainer.step, trainer.consumed)
@@ -384,7 +384,7 @@ def _loop(config, trainer: Trainer, stream, run_dir: Path, stdout) -> None:
 
     tl = timeline("opd-train")
     metrics = None
-    with open(run_dir / ckpt.METRICS, "a") as metrics_file, \
+    with open(run_dir / rundir.METRICS, "a") as metrics_file, \
             progress(config.max_steps, "step", config.quiet, "opd-train") as bar:
         bar.update(trainer.step)
         while trainer.step < config.max_steps:
@@ -424,7 +424,7 @@ def _end(config, trainer: Trainer) -> int:
     if trainer.step < config.max_steps:
         if trainer.step > trainer.last_saved:
             trainer.save(metrics)
-        where = f"{ckpt.checkpoint_name(trainer.step)} saved" if trainer.step else "nothing saved"
+        where = f"{rundir.checkpoint_name(trainer.step)} saved" if trainer.step else "nothing saved"
         message = (f"the input ended after {trainer.step} of --max-steps {config.max_steps} steps "
                    f"({trainer.consumed} records read, {len(trainer.pending)} left in incomplete groups; {where})")
         trainer.flush()
