@@ -423,7 +423,7 @@ def test_sharded_output_and_exact_resume(rollouts, tiny_teacher, tmp_path, monke
     """An interrupted --out run (Ctrl-C while scoring record 5) resumed with --resume gives exactly
     the records of an uninterrupted run. --token-budget 1 scores each record alone, so the numbers
     do not depend on which records share a window: the shards must match byte for byte."""
-    from opd_score.run import Scorer
+    from opd_score.scorer import Scorer
 
     path, recs = rollouts
     args = ["--teacher", f"t={tiny_teacher}", "--window", "2", "--token-budget", "1", "--shard-size", "3", path]

@@ -46,7 +46,7 @@ def _worker(rank: int, config, setup: dict, tasks, results) -> None:
 
         if setup["threads"]:
             torch.set_num_threads(setup["threads"])
-        from .run import Scorer
+        from .scorer import Scorer
 
         config.device = setup["device"]
         scorer = Scorer(config)
