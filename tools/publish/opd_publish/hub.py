@@ -12,7 +12,7 @@ from pathlib import Path
 from opd_common.errors import StreamError, require
 
 from .layout import sha256_bytes
-from .targets import Target
+from .repo import Target
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:

@@ -21,7 +21,7 @@ from opd_common.rundir import checkpoint_name
 
 from .card import render_card
 from .layout import CARD, INDEX, RESUME_DIR, RESUME_FILES, SUMS, LocalCheckpoint, Manifest, RunDir, sha256_bytes
-from .targets import Target
+from .repo import Target
 
 log = logging.getLogger("opd-publish")
 FORMAT = "opd-checkpoint-index/1"

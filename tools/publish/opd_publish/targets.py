@@ -1,4 +1,4 @@
-"""Where checkpoints go: a target lists, reads and commits files. file:// here, hf:// in hub.py."""
+"""Where checkpoints go: --repo parsed into a Target (repo.py). file:// here, hf:// in hub.py."""
 
 from __future__ import annotations
 
@@ -12,42 +12,7 @@ from pathlib import Path
 from opd_common.errors import ConfigError, StreamError
 from opd_common.streams import sha256_file
 
-from .layout import sha256_bytes
-
-
-class Target:
-    """The operations publishing needs; paths are POSIX paths relative to the repo root."""
-
-    url: str
-    errors: tuple[type[BaseException], ...] = (OSError,)  # transport failures, reported as StreamError
-
-    def head(self) -> str:
-        """The current commit id."""
-        raise NotImplementedError
-
-    def ensure(self, private: bool) -> None:
-        """Create the repo if missing."""
-
-    def list_files(self) -> dict[str, int]:
-        """Every file: path -> size in bytes."""
-        raise NotImplementedError
-
-    def read(self, path: str) -> bytes:
-        raise NotImplementedError
-
-    def sha256(self, path: str) -> str:
-        """sha256 of a remote file's content as the target serves it."""
-        return sha256_bytes(self.read(path))
-
-    def download(self, path: str, dest: Path) -> None:
-        dest.write_bytes(self.read(path))
-
-    def commit(self, adds: dict[str, Path | bytes], message: str) -> str:
-        """Add/replace files in one commit; returns the commit id."""
-        raise NotImplementedError
-
-    def exists(self, path: str) -> bool:
-        return path in self.list_files()
+from .repo import Target
 
 
 class FileTarget(Target):
