@@ -1,4 +1,4 @@
-"""opd_common.rundir: names, the `latest` pointer, which checkpoints are finished, the follower's view, atomic writes."""
+"""opd_common.rundir: names, `latest`, which checkpoints are finished, the follower's view, atomic writes."""
 
 from __future__ import annotations
 
