@@ -17,12 +17,12 @@ import numpy as np
 
 from opd_common.batching import batches
 from opd_common.errors import ConfigError, RecordError
+from opd_common.prompts import AS_IS, Template, load
 from opd_common.records import Where
 from opd_common.streams import InputSource, iter_inputs
 
 from .follow import adapter_for, by_adapter
 from .teacher_hf import Sequence
-from .templates import AS_IS, Template, load
 
 log = logging.getLogger("opd-score")
 
