@@ -67,8 +67,8 @@ def main() -> int:
     import torch
     from transformers import Qwen3ForCausalLM
 
-    from opd_rollout.engines.base import SampleRequest
-    from opd_rollout.engines.hf import HfEngine
+    from opd_common.engines import SampleRequest
+    from opd_common.engines.hf import HfEngine
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

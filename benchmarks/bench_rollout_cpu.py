@@ -51,10 +51,10 @@ def main() -> int:
     from opd_common.datasets import bundled_path
     from opd_common.models import load_tokenizer, render_chat
     from opd_common.streams import iter_inputs
+    from opd_common.engines import derive_seed
+    from opd_common.engines.vllm_engine import VllmEngine
+    from opd_common.prompts import render_message
     from opd_rollout.config import RolloutConfig
-    from opd_rollout.engines.vllm_engine import VllmEngine
-    from opd_rollout.prompts import render_message
-    from opd_rollout.sampling import derive_seed
 
     tmp = tempfile.mkdtemp(prefix="opd-bench-")
     model = args.model

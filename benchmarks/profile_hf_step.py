@@ -10,8 +10,8 @@ from transformers import Qwen3ForCausalLM
 sys.path[:0] = ["benchmarks"]
 from bench_hf_gpu import StubTokenizer, qwen3_1_7b_config  # noqa: E402
 
-from opd_rollout.engines.base import SampleRequest  # noqa: E402
-from opd_rollout.engines.hf import HfEngine  # noqa: E402
+from opd_common.engines import SampleRequest  # noqa: E402
+from opd_common.engines.hf import HfEngine  # noqa: E402
 
 attn = sys.argv[1] if len(sys.argv) > 1 else "sdpa"
 config = qwen3_1_7b_config(False)

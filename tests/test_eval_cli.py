@@ -14,13 +14,13 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from opd_common.engines import derive_seed
 from opd_eval.benchmarks import load_benchmark
 from opd_eval.cli import main
 from opd_eval.config import EvalConfig
 from opd_eval.metrics import summarize
 from opd_eval.results import progress_path
 from opd_eval.run import assemble
-from opd_rollout.sampling import derive_seed
 
 HF_ARGS = ["--engine", "hf", "--bench", "aime24", "--limit", "3", "-n", "2", "--max-tokens", "12",
            "--temperature", "0.7", "--chunk", "2", "--grade-workers", "1", "--quiet"]
@@ -189,14 +189,14 @@ class CrashAfter:
 def test_interrupted_run_resumes_to_the_same_results(full_run, tiny_model, tmp_path):
     from opd_common.config import build
     from opd_eval.run import run
-    from opd_rollout.engines import make_engine
+    from opd_common.engines import make_engine
 
     out = tmp_path / "resumed.json"
     config = build(EvalConfig, None, {"model": str(tiny_model), "engine": "hf", "bench": "aime24", "limit": 3, "n": 2,
                                       "max_tokens": 12, "temperature": 0.7, "chunk": 2, "grade_workers": 1,
                                       "quiet": True, "out": str(out)})
     with pytest.raises(KeyboardInterrupt):
-        run(config, engine=CrashAfter(make_engine(config.rollout_config()), 1))
+        run(config, engine=CrashAfter(make_engine(config.engine_config()), 1))
     assert not out.exists()
     lines = progress_path(out).read_bytes().splitlines()
     assert len(lines) == 1 + 2  # the header and the first chunk's two graded samples

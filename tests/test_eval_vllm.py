@@ -13,7 +13,7 @@ import subprocess
 import orjson
 import pytest
 
-from opd_rollout.sampling import derive_seed
+from opd_common.engines import derive_seed
 from test_rollout import BIN, make_lora_adapter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -20,11 +20,11 @@ import pytest
 from click.testing import CliRunner
 
 from opd_common.datasets import bundled_path, sha256_of
+from opd_common.engines import derive_seed
 from opd_common.records import validate
 from opd_common.streams import MANIFEST, decode_line, iter_inputs, sha256_file
 from opd_common.tiny import EOS_TOKEN
 from opd_rollout.cli import main
-from opd_rollout.sampling import derive_seed
 
 BIN = Path(sys.executable).parent
 

@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from opd_common.models import render_chat
+from opd_common.prompts import bundled_dir, load
 from opd_common.streams import MANIFEST, PROGRESS, encode, iter_inputs, sha256_file
 from opd_score import cli
-from opd_score.templates import bundled_dir, load
 from test_rollout import BIN, _line_reader, load_model, load_tokenizer, ok, parse, rollout
 
 # Teacher log-probs against the reference forward. Measured max abs diff on the tiny models (CPU,
@@ -34,7 +34,7 @@ TOL = 1e-4
 ROLLOUT_ARGS = ["-n", "2", "--max-tokens", "8", "--limit", "3", "--temperature", "0.7", "--topk-logprobs", "8",
                 "aime24"]
 
-# DESIGN.md section 6, verbatim (Python str.format strings; the dash in TRANSITION is an em dash).
+# The OPSD prompts (docs/architecture.md, Templates), verbatim (Python str.format strings; the dash in TRANSITION is an em dash).
 STUDENT = "Problem: {problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 TEACHER = ("Problem: {problem}\n\n"
            "Here is a reference solution to this problem:\n"

@@ -76,8 +76,7 @@ def benchmark_file(bench: str | None, data: str | None) -> tuple[str, Path]:
 def load_benchmark(bench: str | None, data: str | None, *, id_field: str = "id", answer_field: str = "answer",
                    limit: int | None = None) -> Benchmark:
     """Read the problems (the first `limit`), checking every row has an answer and a unique id."""
-    from opd_rollout.prompts import iter_prompt_rows
-
+    from opd_common.prompts import iter_prompt_rows
     from opd_common.streams import sha256_file
 
     name, path = benchmark_file(bench, data)

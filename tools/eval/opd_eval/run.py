@@ -1,7 +1,7 @@
 """`opd-eval run`'s pure entry point: run(config) -> exit code (docs/eval.md).
 
-Problems x n samples are drawn with opd-rollout's engines and prompt rendering (same template,
-chat template applied once, one derived seed per sample), in chunks: each chunk is graded by the
+Problems x n samples are drawn with opd_common's engines and prompt rendering, as opd-rollout draws them
+(same template, chat template applied once, one derived seed per sample), in chunks: each chunk is graded by the
 shared grader's worker pool and appended to the progress file before the next one starts. Then
 the metrics are computed over all rows and the results file is written atomically.
 """
@@ -89,7 +89,7 @@ def _step_of(folder: Path) -> int | None:
 
 def run(config, engine=None) -> int:
     """Evaluate config.model (+ adapter) on the benchmark; write config.out. `engine`: an
-    opd-rollout engine to use instead of building one (tests)."""
+    opd_common engine to use instead of building one (tests)."""
     t0 = time.perf_counter()
     bench = load_benchmark(config.bench, config.data, id_field=config.id_field, answer_field=config.answer_field,
                            limit=config.limit)
@@ -129,11 +129,10 @@ def _sample_and_grade(config, adapter: str | None, todo: list[tuple[Problem, int
                       rows: list[dict], engine=None) -> str:
     """Generate, grade and save `todo` in chunks; returns the engine's name."""
     from opd_common.cli_util import progress
+    from opd_common.engines import SampleRequest, derive_seed, make_engine
     from opd_common.grading import Grader
     from opd_common.models import load_tokenizer, render_chat
-    from opd_rollout.engines import SampleRequest, make_engine
-    from opd_rollout.prompts import render_message
-    from opd_rollout.sampling import derive_seed
+    from opd_common.prompts import render_message
 
     tokenizer = load_tokenizer(config.model, config.revision)
     thinking = config.thinking == "on"
@@ -146,7 +145,7 @@ def _sample_and_grade(config, adapter: str | None, todo: list[tuple[Problem, int
         if config.grader == "integer":
             _check_integer_golds(grader, {p.prompt_id: p for p, _ in todo}.values())
         owns_engine = engine is None
-        engine = engine or make_engine(config.rollout_config(adapter))
+        engine = engine or make_engine(config.engine_config(adapter=adapter))
         try:
             with progress(len(todo), "sample", config.quiet, "opd-eval") as bar:
                 for start in range(0, len(todo), config.chunk):

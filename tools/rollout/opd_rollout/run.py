@@ -11,13 +11,12 @@ from typing import Any
 
 from opd_common import rundir
 from opd_common.batching import batches
+from opd_common.engines import derive_seed
 from opd_common.errors import OpdError
+from opd_common.prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt_specs
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
 from opd_common.streams import InputSource
 from opd_common.timeline import timeline
-
-from .prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt_specs
-from .sampling import derive_seed
 
 log = logging.getLogger("opd-rollout")
 
@@ -66,9 +65,8 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
     import numpy as np
 
     from opd_common.cli_util import progress
+    from opd_common.engines import make_engine
     from opd_common.models import load_tokenizer, render_chat
-
-    from .engines import make_engine
 
     rows = iter_prompt_rows(resolve_prompt_specs(inputs), config.id_field, sources, config.limit)
     follower = Follower(config) if config.follow else None
@@ -332,6 +330,6 @@ def _sizes(requests) -> dict:
 
 
 def _request(prompt_ids, seed):
-    from .engines import SampleRequest
+    from opd_common.engines import SampleRequest
 
     return SampleRequest(prompt_ids=prompt_ids.tolist(), seed=seed)

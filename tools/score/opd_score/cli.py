@@ -52,7 +52,7 @@ def score(inputs, config_file, **flags):
 @handle_errors
 def templates():
     """List the bundled teacher prompt templates (name, kind, fields, file)."""
-    from .templates import bundled, load
+    from opd_common.prompts import bundled, load
 
     for name in bundled():
         t = load(name)

@@ -13,7 +13,7 @@ from opd_common.records import Where
 
 from .follow import adapters_for, by_adapter
 from .teacher_hf import Sequence
-from .templates import AS_IS, Template, load
+from opd_common.prompts import AS_IS, Template, load
 
 log = logging.getLogger("opd-score")
 

@@ -10,11 +10,10 @@ refused here too.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from opd_common.cli_util import close_vllm, vllm_started
+from opd_common.cli_util import close_vllm
+from opd_common.engines.vllm_engine import build_llm
 from opd_common.errors import ConfigError
 from opd_common.models import check_model_ref
 
@@ -27,21 +26,8 @@ class VllmTeacher:
             raise ConfigError("--engine vllm cannot score with a LoRA adapter (LoRA + prompt_logprobs crashes "
                               "vLLM); merge it into the model or use --engine hf")
         check_model_ref(model, "--teacher")
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        from vllm import LLM
-        from vllm.platforms import current_platform
-
-        on_cpu = current_platform.is_cpu()
-        kwargs = dict(model=model, revision=revision, seed=0, logprobs_mode="raw_logprobs",
-                      max_logprobs=max(20, config.topk), enforce_eager=on_cpu,
-                      dtype="float32" if on_cpu and config.dtype == "auto" else config.dtype,
-                      gpu_memory_utilization=config.gpu_memory_utilization or (0.2 if on_cpu else 0.9))
-        if config.max_model_len:
-            kwargs["max_model_len"] = config.max_model_len
-        if on_cpu:
-            kwargs["enable_chunked_prefill"] = False  # see opd_rollout.engines.vllm_engine
-        self.llm = LLM(**kwargs)
-        vllm_started(self.llm)
+        self.llm = build_llm(model, revision, seed=0, dtype=config.dtype, max_logprobs=max(20, config.topk),
+                             memory=config.gpu_memory_utilization, max_model_len=config.max_model_len)
 
     def score(self, seqs: list[Sequence], topk: int = 0) -> list[Scores]:
         from vllm import SamplingParams

@@ -91,7 +91,7 @@ def _example_maker(config, tokenizer):
     render = None
     if config.self_teacher:
         from opd_common.models import render_chat
-        from opd_score.templates import load
+        from opd_common.prompts import load
 
         template = load(config.self_teacher)
         cache: dict[str, list[int]] = {}

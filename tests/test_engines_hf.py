@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from opd_rollout.config import RolloutConfig
-from opd_rollout.engines.base import SampleRequest
+from opd_common.engines import SampleRequest
 from test_rollout import load_model, make_lora_adapter
 
 PROMPTS = [[5, 17, 33, 9, 2], [7, 7, 40], [12, 3, 91, 8, 6, 30, 2]]
@@ -20,7 +20,7 @@ PROMPTS = [[5, 17, 33, 9, 2], [7, 7, 40], [12, 3, 91, 8, 6, 30, 2]]
 
 def engine(model, lm=None, **overrides):
     """An hf engine on CPU (its model loaded from `model`, or `lm`)."""
-    from opd_rollout.engines.hf import HfEngine
+    from opd_common.engines.hf import HfEngine
 
     settings = {"model": str(model), "engine": "hf", "device": "cpu", "temperature": 1.0, "max_tokens": 6,
                 "batch_size": 4, **overrides}

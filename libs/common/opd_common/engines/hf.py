@@ -32,8 +32,8 @@ import numpy as np
 from opd_common.errors import ConfigError
 from opd_common.models import load_causal_lm, load_tokenizer, pick_device, pick_dtype, use_gqa_attention
 
-from ..sampling import sample_tokens
 from .base import Completion, SampleRequest
+from .sampling import sample_tokens
 
 log = logging.getLogger(__name__)
 LENGTH_BUCKET = 128
@@ -114,7 +114,8 @@ class HfEngine:
         if eos is not None:
             ids.update(int(e) for e in ([eos] if isinstance(eos, int) else eos))
         if not ids:
-            raise ConfigError(f"--model {self.config.model}: the tokenizer defines no eos_token; cannot tell when to stop")
+            raise ConfigError(f"--model {self.config.model}: the tokenizer defines no eos_token; "
+                              "cannot tell when to stop")
         return sorted(ids)
 
     # ------------------------------------------------------------------ public

