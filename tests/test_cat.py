@@ -9,7 +9,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from opd_common.cat import main
+from opd_common.cat import command
 from opd_common.streams import ManifestInfo, ShardWriter, StreamWriter, decode_line
 from test_records import assert_records_equal, make_record
 
@@ -45,7 +45,7 @@ def as_stdin(recs: list[dict], compress: bool = False) -> bytes:
 
 
 def run(args: list[str], input: bytes | None = None):
-    return CliRunner().invoke(main, args, input=input, catch_exceptions=False)
+    return CliRunner().invoke(command, args, input=input, catch_exceptions=False)
 
 
 def lines(result) -> list[dict]:

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from opd_common.engines import derive_seed
 from opd_eval.benchmarks import load_benchmark
-from opd_eval.cli import main
+from opd_eval.cli import command
 from opd_eval.config import EvalConfig
 from opd_eval.metrics import summarize
 from opd_eval.results import progress_path
@@ -27,7 +27,7 @@ HF_ARGS = ["--engine", "hf", "--bench", "aime24", "--limit", "3", "-n", "2", "--
 
 
 def cli(*args: str):
-    return CliRunner().invoke(main, list(args))
+    return CliRunner().invoke(command, list(args))
 
 
 def ok(result):

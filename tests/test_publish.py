@@ -17,7 +17,7 @@ INDEX = "checkpoint_index.json"
 
 
 def publish(*args: str):
-    return CliRunner().invoke(cli.main_group, [*args])
+    return CliRunner().invoke(cli.command, [*args])
 
 
 def ok(result):

@@ -162,7 +162,7 @@ def test_missing_repo_is_a_clear_error(hub, tmp_path):
 @pytest.mark.slow
 def test_real_run_push_pull_then_opd_eval(hub, real_run, tiny_model, repo, tmp_path):
     """A real opd-train run through the Hub: pull + opd-eval works on what push sent."""
-    from opd_eval.cli import main as eval_main
+    from opd_eval.cli import command as eval_main
     from opd_eval.results import adapter_identity
     from click.testing import CliRunner
 

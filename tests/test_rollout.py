@@ -24,7 +24,7 @@ from opd_common.engines import derive_seed
 from opd_common.records import validate
 from opd_common.streams import MANIFEST, decode_line, iter_inputs, sha256_file
 from opd_common.tiny import EOS_TOKEN
-from opd_rollout.cli import main
+from opd_rollout.cli import command
 
 BIN = Path(sys.executable).parent
 
@@ -48,7 +48,7 @@ MAIN_ARGS = ["-n", "4", "--max-tokens", "8", "--limit", "3", "--temperature", "0
 
 def rollout(model: Path, *args: str, input: str | bytes | None = None, engine: str = "hf"):
     """Invoke opd-rollout in-process on `model` (hf engine, no progress bar)."""
-    return CliRunner().invoke(main, ["--model", str(model), "--engine", engine, "--quiet", *args], input=input)
+    return CliRunner().invoke(command, ["--model", str(model), "--engine", engine, "--quiet", *args], input=input)
 
 
 def ok(result):
@@ -190,7 +190,7 @@ def lora_adapter(tiny_model, tmp_path_factory):
 
 
 def test_help_opens_with_a_pipe_example():
-    result = CliRunner().invoke(main, ["--help"])
+    result = CliRunner().invoke(command, ["--help"])
     assert result.exit_code == 0
     assert "opd-rollout --model M -n 4 aime24 | opd-score" in result.output.split("Options:")[0]
 

@@ -54,7 +54,7 @@ THINK_OFF = "<think>\n\n</think>\n\n"
 
 def score(*args: str, input: str | bytes | None = None):
     """Invoke opd-score in-process (no progress bar)."""
-    return CliRunner().invoke(cli.score, ["--quiet", *args], input=input)
+    return CliRunner().invoke(cli.command, ["--quiet", *args], input=input)
 
 
 def reference(lm, context_ids, response_ids):

@@ -11,7 +11,7 @@ import click
 import numpy as np
 import orjson
 
-from .cli_util import handle_errors
+from .cli_util import console_main, tool_command
 from .errors import ConfigError
 from .records import plain_tree
 from .streams import StreamWriter, iter_inputs
@@ -132,7 +132,7 @@ def _reward_summary(rewards: list[dict]) -> dict[str, Any]:
     return out
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@tool_command("opd-cat")
 @click.argument("inputs", nargs=-1)
 @click.option("--fields", help="Comma-separated (dotted) fields to keep, e.g. id,finish_reason,reward.total.")
 @click.option("--head", type=int, help="Stop after this many records.")
@@ -140,8 +140,7 @@ def _reward_summary(rewards: list[dict]) -> dict[str, Any]:
 @click.option("--tokenizer", help="Tokenizer for --decode [default: each record's policy.model].")
 @click.option("--summary", is_flag=True, help="Print one JSON summary (records, groups, lengths, blocks) instead.")
 @click.option("--no-check", is_flag=True, help="Do not validate records against the schema.")
-@handle_errors
-def main(inputs, fields, head, decode, tokenizer, summary, no_check):
+def command(inputs, fields, head, decode, tokenizer, summary, no_check):
     """Print opd records from files, shard directories or stdin.
 
     \b
@@ -172,6 +171,11 @@ def main(inputs, fields, head, decode, tokenizer, summary, no_check):
     if acc is not None:
         sys.stdout.buffer.write(orjson.dumps(acc.result(), option=orjson.OPT_INDENT_2) + b"\n")
     writer.close()
+
+
+def main(argv: list[str] | None = None):
+    """The opd-cat console script (see opd_common.cli_util.console_main)."""
+    console_main(command, sys.argv[1:] if argv is None else argv, "opd-cat")
 
 
 if __name__ == "__main__":

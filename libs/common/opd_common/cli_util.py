@@ -1,4 +1,5 @@
-"""Shared CLI plumbing: logging setup, domain errors -> one clear line, a progress bar on stderr."""
+"""Shared CLI plumbing: the one `tool_command` decorator every opd CLI is built with (config flags,
+`--config`, domain errors -> one clear line), logging setup, a progress bar on stderr, `console_main`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import threading
 import click
 
 from .errors import OpdError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def setup_logging(quiet: bool = False) -> None:
@@ -35,6 +38,41 @@ def handle_errors(func):
             os._exit(0)
 
     return wrapper
+
+
+def tool_command(name: str, config_cls=None, *, inputs: bool = False, group: click.Group | None = None):
+    """Make `func` an opd click command (or a subcommand of `group`) named `name`, with -h/--help and
+    domain errors turned into one line. With `config_cls` the command gets one flag per config field
+    plus `--config FILE.yaml` (flags override it), logging is set up from the config's `quiet`, and
+    `func(config)` is called (`func(config, inputs)` with `inputs`: the INPUTS arguments as a list);
+    without, `func` gets its own click parameters. An int that `func` returns is the exit status.
+    The docstring of `func` is the command's --help."""
+    from .config import build, click_options
+
+    def decorate(func):
+        @functools.wraps(func)
+        def callback(*args, **params):
+            if config_cls is None:
+                result = func(*args, **params)
+            else:
+                positional = [list(params.pop("inputs"))] if inputs else []
+                config = build(config_cls, params.pop("config_file"), params)
+                setup_logging(config.quiet)
+                result = func(config, *positional)
+            if isinstance(result, int):
+                raise SystemExit(result)
+
+        command = handle_errors(callback)
+        if config_cls is not None:
+            command = click_options(config_cls)(command)
+            command = click.option("--config", "config_file", type=click.Path(dir_okay=False),
+                                   help="YAML file of options; flags override it.")(command)
+            if inputs:
+                command = click.argument("inputs", nargs=-1)(command)
+        make = group.command if group is not None else click.command
+        return make(name=name, context_settings=CONTEXT)(command)
+
+    return decorate
 
 
 def progress(total: int | None, unit: str, quiet: bool, desc: str):

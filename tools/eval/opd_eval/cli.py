@@ -7,16 +7,13 @@ import sys
 
 import click
 
-from opd_common.cli_util import console_main, handle_errors, setup_logging
-from opd_common.config import build, click_options
+from opd_common.cli_util import CONTEXT, console_main, setup_logging, tool_command
 
 from .config import EvalConfig
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
 
 @click.group(name="opd-eval", context_settings=CONTEXT)
-def main():
+def command():
     """Evaluate a model (+ LoRA adapter) on math benchmarks; compare and report results.
 
     \b
@@ -32,11 +29,8 @@ def main():
     """
 
 
-@main.command(name="run", context_settings=CONTEXT)
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of options; flags override it.")
-@click_options(EvalConfig)
-@handle_errors
-def run_cmd(config_file, **flags):
+@tool_command("run", EvalConfig, group=command)
+def run_cmd(config: EvalConfig) -> int:
     """Sample n responses per problem, grade them, write one results JSON (--out).
 
     \b
@@ -50,14 +44,11 @@ def run_cmd(config_file, **flags):
     """
     from .run import run
 
-    config = build(EvalConfig, config_file, flags)
-    setup_logging(config.quiet)
-    raise SystemExit(run(config))
+    return run(config)
 
 
-@main.command(name="ls", context_settings=CONTEXT)
+@tool_command("ls", group=command)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per benchmark instead of a table.")
-@handle_errors
 def ls_cmd(as_json):
     """List the bundled benchmarks: name, problems, source (repo@commit), description.
 
@@ -78,13 +69,12 @@ def ls_cmd(as_json):
         click.echo(f"{e['name']:<9} {e['problems']:>8}  {e['source']:<40} {e['description']}")
 
 
-@main.command(name="compare", context_settings=CONTEXT)
+@tool_command("compare", group=command)
 @click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--resamples", type=int, default=10_000, show_default=True, help="Bootstrap resamples (and permutations).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and permutation draws.")
 @click.option("--force", is_flag=True, help="Compare results of different benchmarks/settings over their shared problems.")
 @click.option("--quiet", is_flag=True, help="No table on stderr.")
-@handle_errors
 def compare_cmd(results, resamples, seed, force, quiet):
     """Paired comparison of results with the first file (the baseline), problem by problem.
 
@@ -106,7 +96,7 @@ def compare_cmd(results, resamples, seed, force, quiet):
     click.echo(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
 
 
-@main.command(name="report", context_settings=CONTEXT)
+@tool_command("report", group=command)
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Write report.md and accuracy.png here [default: DIRECTORY].")
@@ -114,7 +104,6 @@ def compare_cmd(results, resamples, seed, force, quiet):
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and permutation draws.")
 @click.option("--force", is_flag=True, help="Report results with different sampling settings side by side.")
 @click.option("--quiet", is_flag=True, help="No log lines on stderr.")
-@handle_errors
 def report_cmd(directory, out_dir, resamples, seed, force, quiet):
     """Results of several checkpoints in DIRECTORY -> report.md (table) + accuracy.png (plot).
 
@@ -135,11 +124,10 @@ def report_cmd(directory, out_dir, resamples, seed, force, quiet):
     click.echo(f"opd-eval report: wrote {md} and {png}", err=True)
 
 
-
-def console(argv: list[str] | None = None):
+def main(argv: list[str] | None = None):
     """The opd-eval console script (see opd_common.cli_util.console_main)."""
-    console_main(main, sys.argv[1:] if argv is None else argv, "opd-eval")
+    console_main(command, sys.argv[1:] if argv is None else argv, "opd-eval")
 
 
 if __name__ == "__main__":
-    console()
+    main()

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import click
 
-from opd_common.cli_util import handle_errors, setup_logging
+from opd_common.cli_util import CONTEXT, setup_logging, tool_command
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 REPO_HELP = "hf://ORG/NAME, ORG/NAME (the Hub) or file:///DIR (a mirror with the same layout)."
 
 
@@ -35,7 +34,7 @@ def _target(spec: str, revision: str | None, quiet: bool):
 
 
 @click.group(name="opd-publish", context_settings=CONTEXT)
-def main_group():
+def command():
     """Publish opd-train checkpoints, verified and immutable, to the Hub or a file:// mirror.
 
     \b
@@ -51,7 +50,7 @@ def main_group():
     """
 
 
-@main_group.command(context_settings=CONTEXT)
+@tool_command("push", group=command)
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--repo", required=True, help=REPO_HELP)
 @click.option("--checkpoints", default="all", show_default=True, help="'all', 'latest' or steps such as 50,100.")
@@ -60,7 +59,6 @@ def main_group():
 @click.option("--private", is_flag=True, help="Create the Hub repo private (hf:// only).")
 @click.option("--revision", default=None, help="Branch to commit to (hf:// only; default main).")
 @click.option("--quiet", is_flag=True, help="Only warnings and errors on stderr.")
-@handle_errors
 def push(run_dir, repo, checkpoints, with_resume_state, private, revision, quiet):
     """Publish RUN_DIR's checkpoints to --repo (opd-publish push run/ --repo hf://org/run1 | jq .status)."""
     from .publish import push as run_push
@@ -69,12 +67,11 @@ def push(run_dir, repo, checkpoints, with_resume_state, private, revision, quiet
     _emit(run_push(run_dir, _target(repo, revision, quiet), checkpoints, with_resume_state, private))
 
 
-@main_group.command(context_settings=CONTEXT)
+@tool_command("verify", group=command)
 @click.argument("target")
 @click.option("--local", type=click.Path(file_okay=False, path_type=Path), help="Also compare with this run dir.")
 @click.option("--revision", default=None, help="Branch to check (hf:// only).")
 @click.option("--quiet", is_flag=True, help="Only warnings and errors on stderr.")
-@handle_errors
 def verify(target, local, revision, quiet):
     """Check every indexed checkpoint's files on TARGET (opd-publish verify hf://org/run1 | jq .ok)."""
     from .publish import VerifyError, verify as run_verify
@@ -87,13 +84,12 @@ def verify(target, local, revision, quiet):
         raise
 
 
-@main_group.command(context_settings=CONTEXT)
+@tool_command("pull", group=command)
 @click.argument("target")
 @click.argument("dir", type=click.Path(path_type=Path))
 @click.option("--checkpoint", required=True, help="Step number, or 'latest' (the highest published step).")
 @click.option("--revision", default=None, help="Branch to read (hf:// only).")
 @click.option("--quiet", is_flag=True, help="Only warnings and errors on stderr.")
-@handle_errors
 def pull(target, dir, checkpoint, revision, quiet):
     """Fetch a published checkpoint into DIR, every sha256 checked (opd-publish pull T --checkpoint 100 c/ | jq .)."""
     from .publish import pull as run_pull
@@ -103,7 +99,7 @@ def pull(target, dir, checkpoint, revision, quiet):
 
 
 def main(argv: list[str] | None = None):
-    return main_group.main(argv, prog_name="opd-publish")
+    return command.main(argv, prog_name="opd-publish")
 
 
 if __name__ == "__main__":

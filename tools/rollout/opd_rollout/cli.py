@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import sys
 
-import click
-
-from opd_common.cli_util import console_main, handle_errors, setup_logging
-from opd_common.config import build, click_options
+from opd_common.cli_util import console_main, tool_command
 
 from .config import RolloutConfig
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("inputs", nargs=-1)
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of options; flags override it.")
-@click_options(RolloutConfig)
-@handle_errors
-def main(inputs, config_file, **flags):
+@tool_command("opd-rollout", RolloutConfig, inputs=True)
+def command(config: RolloutConfig, inputs: list[str]) -> int:
     """Sample responses to prompts and print one opd record per sample.
 
     \b
@@ -33,22 +26,18 @@ def main(inputs, config_file, **flags):
 
     from .run import run
 
-    config = build(RolloutConfig, config_file, flags)
-    setup_logging(config.quiet)
     sources = []
     info = ManifestInfo(tool="opd-rollout", config=resolved(config), inputs=sources)
     writer = open_writer(config.out, info, name="rollouts", shard_size=config.shard_size,
                          encoding=config.encoding, compress=config.compress, overwrite=config.overwrite)
     with writer:
-        code = run(config, list(inputs), writer, sources=sources)
-    raise SystemExit(code)
+        return run(config, inputs, writer, sources=sources)
 
 
-
-def console(argv: list[str] | None = None):
+def main(argv: list[str] | None = None):
     """The opd-rollout console script (see opd_common.cli_util.console_main)."""
-    console_main(main, sys.argv[1:] if argv is None else argv, "opd-rollout")
+    console_main(command, sys.argv[1:] if argv is None else argv, "opd-rollout")
 
 
 if __name__ == "__main__":
-    console()
+    main()

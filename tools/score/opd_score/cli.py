@@ -6,18 +6,13 @@ import sys
 
 import click
 
-from opd_common.cli_util import console_main, handle_errors, setup_logging
-from opd_common.config import build, click_options
+from opd_common.cli_util import console_main, tool_command
 
 from .config import ScoreConfig
 
 
-@click.command(name="opd-score", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.argument("inputs", nargs=-1)
-@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML file of options; flags override it.")
-@click_options(ScoreConfig)
-@handle_errors
-def score(inputs, config_file, **flags):
+@tool_command("opd-score", ScoreConfig, inputs=True)
+def command(config: ScoreConfig, inputs: list[str]) -> int:
     """Add teacher log-probs, Direct-OPD shift tensors and verifier rewards to opd records.
 
     \b
@@ -37,19 +32,15 @@ def score(inputs, config_file, **flags):
 
     from .run import run
 
-    config = build(ScoreConfig, config_file, flags)
-    setup_logging(config.quiet)
     sources = []
     info = ManifestInfo(tool="opd-score", config=resolved(config), inputs=sources)
     writer = open_writer(config.out, info, name="scored", shard_size=config.shard_size, encoding=config.encoding,
                          compress=config.compress, overwrite=config.overwrite, resume=config.resume, resumable=True)
     with writer:
-        code = run(config, list(inputs), writer, sources=sources)
-    raise SystemExit(code)
+        return run(config, inputs, writer, sources=sources)
 
 
-@click.command(name="opd-score templates")
-@handle_errors
+@tool_command("opd-score templates")
 def templates():
     """List the bundled teacher prompt templates (name, kind, fields, file)."""
     from opd_common.prompts import bundled, load
@@ -64,7 +55,7 @@ def main(argv: list[str] | None = None):
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["templates"]:
         return templates.main(args[1:], prog_name="opd-score templates")
-    return console_main(score, args, "opd-score")
+    return console_main(command, args, "opd-score")
 
 
 if __name__ == "__main__":
