@@ -80,7 +80,7 @@ def read_pass(blob: bytes) -> int:
     """unzstd + decode_line + validate, as iter_inputs does; returns the number of records."""
     data = zstandard.ZstdDecompressor().decompressobj().decompress(blob)
     n = 0
-    for n, line in enumerate(data.splitlines(), start=1):
+    for n, line in enumerate(data.splitlines(), start=1):  # noqa: B007 (n is returned after the loop)
         validate(decode_line(line, "bench"), "bench")
     return n
 
@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = run(args.records, args.tokens, args.topk, args.prompt, args.repeats, args.level)
     print(f"{args.records} records x T={args.tokens}, k={args.topk}, prompt {args.prompt} ids; "
-          f"zstd level {args.level}; best of {args.repeats}; one core; target >= {TARGET_TOKENS_PER_S:,} tokens/s each way")
+          f"zstd level {args.level}; best of {args.repeats}; one core; "
+          f"target >= {TARGET_TOKENS_PER_S:,} tokens/s each way")
     print(f"{'encoding':<9} {'write tok/s':>12} {'read tok/s':>12} {'raw KB/rec':>11} {'zstd KB/rec':>12}")
     for r in rows:
         print(f"{r['encoding']:<9} {r['write_tokens_per_s']:>12,.0f} {r['read_tokens_per_s']:>12,.0f} "

@@ -55,7 +55,8 @@ def main() -> int:
             results[f"max_lag_{lag}"] = {"seconds": [round(t, 2) for t in times],
                                          "median_s": round(statistics.median(times), 2)}
             print(f"--max-lag {lag}: median {statistics.median(times):.1f} s over {times}", file=sys.stderr)
-    figures = {"threads_per_stage": args.threads or "default", "steps": args.steps, "groups": args.groups, "n": args.n, "max_tokens": args.max_tokens,
+    figures = {"threads_per_stage": args.threads or "default", "steps": args.steps, "groups": args.groups, "n": args.n,
+               "max_tokens": args.max_tokens,
                "engine": "hf (CPU)", **results,
                "speedup": round(results["max_lag_0"]["median_s"] / results["max_lag_1"]["median_s"], 3)}
     print(json.dumps(figures))

@@ -228,7 +228,8 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     result = {"run": spec, "loop": loop, "engine": engine, "max_lag": int(lag), "command": cmd,
               "total_wall_s": round(total, 1),
               **analyse(read(timeline), metrics, args.warmup, model_shape(model, 64), bw)}
-    print(f"[{spec}] {result['completion_tokens_per_s']:.0f} completion tokens/s, {result['seconds_per_step']:.2f} s/step "
+    print(f"[{spec}] {result['completion_tokens_per_s']:.0f} completion tokens/s, "
+          f"{result['seconds_per_step']:.2f} s/step "
           f"(total {total:.0f} s)", file=sys.stderr, flush=True)
     return result
 

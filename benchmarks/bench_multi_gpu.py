@@ -36,6 +36,7 @@ def build_model(out: Path, tiny: bool, device: str) -> None:
 
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_score_gpu import model_config
+
     from opd_common.tiny import build_tokenizer
 
     torch.manual_seed(0)
@@ -62,7 +63,8 @@ def build_records(path: Path, n: int, prompt_len: int, response_len: int, vocab:
         response = topk_ids[:, 0].copy()
         rec = {
             "schema": SCHEMA, "id": make_id(f"p{i}", 0), "prompt_id": f"p{i}", "sample": 0, "group_size": 1,
-            "example": {"problem": f"p{i}"}, "policy": {"model": "bench", "revision": None, "adapter": None, "version": 0},
+            "example": {"problem": f"p{i}"},
+            "policy": {"model": "bench", "revision": None, "adapter": None, "version": 0},
             "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "max_tokens": response_len, "seed": i,
                          "engine": "bench", "logprobs": "raw", "thinking": False},
             "prompt_ids": rng.integers(0, vocab, prompt_len).tolist(), "response_ids": response.tolist(),

@@ -49,11 +49,11 @@ def main() -> int:
     args = parser.parse_args()
 
     from opd_common.datasets import bundled_path
-    from opd_common.models import load_tokenizer, render_chat
-    from opd_common.streams import iter_inputs
     from opd_common.engines import derive_seed
     from opd_common.engines.vllm_engine import VllmEngine
+    from opd_common.models import load_tokenizer, render_chat
     from opd_common.prompts import render_message
+    from opd_common.streams import iter_inputs
     from opd_rollout.config import RolloutConfig
 
     tmp = tempfile.mkdtemp(prefix="opd-bench-")

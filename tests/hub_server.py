@@ -46,7 +46,8 @@ class HubState:
         self.files(repo_id, revision)[path] = data
 
 
-API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<op>preupload|commit|tree|revision|branch)/(?P<rev>[^/]+)(?P<rest>/.*)?$")
+API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<op>preupload|commit|tree|revision|branch)/"
+                 r"(?P<rev>[^/]+)(?P<rest>/.*)?$")
 LFS_SUFFIXES = (".safetensors", ".pt")
 BATCH = re.compile(r"^/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$")
 LFS_OBJECT = re.compile(r"^/lfs/(?P<op>upload|verify)/(?P<oid>[0-9a-f]{64})$")
@@ -106,7 +107,8 @@ class Handler(BaseHTTPRequestHandler):
                 if op == "preupload" and method == "POST":
                     req = json.loads(body)
                     return self._json(200, {"files": [{"path": f["path"], "shouldIgnore": False,
-                                                       "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular"}
+                                                       "uploadMode": ("lfs" if f["path"].endswith(LFS_SUFFIXES)
+                                                                      else "regular")}
                                                       for f in req["files"]]})
                 if op == "commit" and method == "POST":
                     return self._commit(repo, rev, files, body)
@@ -133,7 +135,9 @@ class Handler(BaseHTTPRequestHandler):
             if repo in self.state.repos:  # the Hub answers 409 with the repo's url
                 return self._json(409, {"error": "You already created this model repo",
                                         "url": f"http://{self.headers['Host']}/{repo}"}, {"X-Error-Code": "RepoExists"})
-            self.state.repos[repo] = {"private": req.get("visibility", "private" if req.get("private") else "public") != "public", "branches": {"main": "0" * 40}}
+            self.state.repos[repo] = {
+                "private": req.get("visibility", "private" if req.get("private") else "public") != "public",
+                "branches": {"main": "0" * 40}}
         self._json(200, {"url": f"http://{self.headers['Host']}/{repo}", "name": repo})
 
     def _branch(self, repo: str, branch: str) -> None:
@@ -164,7 +168,8 @@ class Handler(BaseHTTPRequestHandler):
             elif item["key"] != "header":
                 return self._error(400, "BadRequest", f"unsupported commit operation {item['key']}")
         parent = self.state.repos[repo]["branches"][rev]
-        commit = hashlib.sha1(parent.encode() + json.dumps(sorted((p, git_blob_sha1(d)) for p, d in new.items())).encode()
+        commit = hashlib.sha1(parent.encode()
+                              + json.dumps(sorted((p, git_blob_sha1(d)) for p, d in new.items())).encode()
                               + header["summary"].encode()).hexdigest()
         self.state.commits[commit] = new
         self.state.repos[repo]["branches"][rev] = commit
@@ -248,7 +253,7 @@ class HubServer:
         self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         self.thread.start()
         return self
 

@@ -8,10 +8,10 @@ import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
+from test_records import assert_records_equal, make_record
 
 from opd_common.cat import command
 from opd_common.streams import ManifestInfo, ShardWriter, StreamWriter, decode_line
-from test_records import assert_records_equal, make_record
 
 VERIFIER = "math-verify"
 

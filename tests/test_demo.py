@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_rollout import BIN
 
 from opd_common.demo import build_world, merge, problems, sft_record
 from opd_common.records import validate
-from test_rollout import BIN
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate_size": 128}
@@ -55,7 +55,7 @@ def test_world_files_tokenizer_and_sft_records(small_world):
     assert not {r["problem"] for r in train} & {r["problem"] for r in test}
     sft = lines(small_world / "sft.jsonl")
     assert [r["prompt_id"] for r in sft] == [r["id"] for r in train]
-    for row, rec in zip(train[:20], sft[:20]):
+    for row, rec in zip(train[:20], sft[:20], strict=True):
         validate(json.loads(json.dumps(rec)), "sft.jsonl")  # (validate turns lists into arrays in place)
         # the prompt opd-rollout --template '{problem}' --thinking off renders, so SFT trains on it
         assert rec["prompt_ids"] == list(render_chat(tok, row["problem"], thinking=False))

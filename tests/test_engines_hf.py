@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from opd_rollout.config import RolloutConfig
-from opd_common.engines import SampleRequest
 from test_rollout import load_model, make_lora_adapter
+
+from opd_common.engines import SampleRequest
+from opd_rollout.config import RolloutConfig
 
 PROMPTS = [[5, 17, 33, 9, 2], [7, 7, 40], [12, 3, 91, 8, 6, 30, 2]]
 

@@ -47,8 +47,8 @@ def fail(result, expected: str):
 def test_help_opens_with_a_pipe_example():
     result = ok(cli("--help"))
     assert "opd-eval run --model M --bench aime24 -n 12 --out base.json | jq .avg" in result.stdout.split("Options:")[0]
-    for command in ("run", "compare", "report", "ls"):
-        assert "|" in ok(cli(command, "--help")).stdout.split("Options:")[0]
+    for sub in ("run", "compare", "report", "ls"):
+        assert "|" in ok(cli(sub, "--help")).stdout.split("Options:")[0]
 
 
 def test_ls_lists_benchmarks_with_sizes_and_sources():
@@ -112,14 +112,16 @@ def test_checkpoint_that_is_not_there_lists_the_ones_that_are(tmp_path):
         (run_dir / f"checkpoint-{step:06d}").mkdir(parents=True)
         (run_dir / f"checkpoint-{step:06d}" / "adapter_config.json").write_text("{}")
     base = ["run", "--model", "m", "--bench", "aime24", "--out", str(tmp_path / "r.json"), "--run-dir", str(run_dir)]
-    fail(cli(*base, "--checkpoint", "75"), f"--checkpoint 75: {run_dir} has no checkpoint-000075/ (checkpoints there: 25, 50)")
+    fail(cli(*base, "--checkpoint", "75"),
+         f"--checkpoint 75: {run_dir} has no checkpoint-000075/ (checkpoints there: 25, 50)")
     fail(cli(*base), f"--run-dir {run_dir}: no 'latest' file yet (no checkpoint written); give --checkpoint N "
                      "(checkpoints there: 25, 50)")
     fail(cli(*base, "--checkpoint", "last"), "--checkpoint must be a step number or 'latest', got 'last'")
 
 
 def test_integer_grader_refuses_a_non_integer_gold_before_sampling(tiny_model, tmp_path):
-    data = _data(tmp_path, [{"id": "a", "problem": "x?", "answer": "7"}, {"id": "b", "problem": "y?", "answer": "\\frac{1}{2}"}])
+    data = _data(tmp_path, [{"id": "a", "problem": "x?", "answer": "7"},
+                            {"id": "b", "problem": "y?", "answer": "\\frac{1}{2}"}])
     args = ["run", "--model", str(tiny_model), "--engine", "hf", "--data", data, "--grader", "integer",
             "--out", str(tmp_path / "r.json"), "--quiet"]
     expected = (r"line 2 of mine.jsonl: gold answer '\\frac{1}{2}' is not an integer, so the integer grader cannot "
@@ -188,8 +190,8 @@ class CrashAfter:
 
 def test_interrupted_run_resumes_to_the_same_results(full_run, tiny_model, tmp_path):
     from opd_common.config import build
-    from opd_eval.run import run
     from opd_common.engines import make_engine
+    from opd_eval.run import run
 
     out = tmp_path / "resumed.json"
     config = build(EvalConfig, None, {"model": str(tiny_model), "engine": "hf", "bench": "aime24", "limit": 3, "n": 2,
@@ -267,7 +269,8 @@ def test_compare_refuses_different_benchmarks_and_settings(tmp_path):
     fewer = make_results(tmp_path / "d.json", [0, 1])
     fail(cli("compare", str(a), str(other_bench)),
          f"{a} and {other_bench} are not comparable: different benchmarks (aime24 vs aime25). A paired comparison "
-         "needs the same problems under the same protocol (pass --force to compare anyway, over the problems both have)")
+         "needs the same problems under the same protocol (pass --force to compare anyway, over the problems "
+         "both have)")
     fail(cli("compare", str(a), str(hotter)),
          f"{a} and {hotter} are not comparable: different sampling settings (max_tokens 38912 vs 100; temperature "
          "1.0 vs 0.7). A paired comparison needs the same problems under the same protocol (pass --force to compare "
@@ -298,7 +301,8 @@ def test_report_table_and_plot(tmp_path):
     md = (d / "report.md").read_text()
     assert result.stdout == md + "\n"
     rows = [line for line in md.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [r.split(" | ")[:2] for r in rows] == [["| 0", "step0.json"], ["| 50", "step50.json"], ["| 100", "step100.json"]]
+    assert [r.split(" | ")[:2] for r in rows] == [["| 0", "step0.json"], ["| 50", "step50.json"],
+                                                  ["| 100", "step100.json"]]
     assert [r.split(" | ")[2].split(" ")[0] for r in rows] == ["50.0", "62.5", "75.0"]
     assert [r.split(" | ")[8].split(" ")[0] for r in rows] == ["-", "+12.5", "+25.0"]
     assert rows[2].split(" | ")[10] == "2/0/2 |"

@@ -101,7 +101,8 @@ CASES = [
     (r"x^5 - x^4 + x^3 - x^2 + x - 1", B % r"x^5-x^4+x^3-x^2+x-1", "math", "match"),          # polynomials
     (r"x^5 - x^4 + x^3 - x^2 + x - 1", B % r"x^5-x^4+x^3-x^2+x+1", "math", "mismatch"),
     (r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}", B % r"\begin{pmatrix}-2\\-14\\-7\end{pmatrix}", "math", "match"),
-    (r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", B % r"\begin{pmatrix}1&0\\0&1\end{pmatrix}", "math", "mismatch"),
+    (r"\begin{pmatrix} -1 & 0 \\ 0 & -1 \end{pmatrix}", B % r"\begin{pmatrix}1&0\\0&1\end{pmatrix}",
+     "math", "mismatch"),
     (r"\frac{3\sqrt{3}}{4}", B % r"\frac{3\sqrt{3}}{4}" + " and earlier " + B % "1", "math", "mismatch"),  # last box
     (r"\frac{3\sqrt{3}}{4}", r"Area $=\boxed{\dfrac{3\sqrt{3}}{4}}$ square units.", "math", "match"),  # nested braces
     ("p - q", B % "p-q", "math", "match"),

@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 
 from opd_eval import stats
-from opd_eval.metrics import (ks_for, length_stats, majority_vote, pass_at_k, pass_at_k_closed_form,
-                              problem_metrics, summarize)
+from opd_eval.metrics import (
+    ks_for,
+    length_stats,
+    majority_vote,
+    pass_at_k,
+    pass_at_k_closed_form,
+    problem_metrics,
+    summarize,
+)
 from opd_eval.stats import bootstrap_ci, paired_bootstrap, permutation_pvalue, wins_losses
 
 # ------------------------------------------------------------------------------------ pass@k

@@ -12,9 +12,9 @@ import subprocess
 
 import orjson
 import pytest
+from test_rollout import BIN, make_lora_adapter
 
 from opd_common.engines import derive_seed
-from test_rollout import BIN, make_lora_adapter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

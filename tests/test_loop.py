@@ -7,10 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_rollout import BIN, _line_reader, ok, rollout
 
 from opd_common.errors import OpdError
 from opd_rollout.run import Follower
-from test_rollout import BIN, _line_reader, ok, rollout
 
 
 def pipeline(tiny_model: Path, tiny_teacher: Path, tmp: Path, engine: str, max_lag: int, steps: int,
@@ -25,7 +25,8 @@ def pipeline(tiny_model: Path, tiny_teacher: Path, tmp: Path, engine: str, max_l
         f"--save-every 1 --lora-r 8 --lora-alpha 16 --lr 1e-3 --quiet {train_extra}")
 
 
-def loop(tiny_model: Path, tiny_teacher: Path, tmp: Path, engine: str, max_lag: int, steps: int = 3) -> tuple[list, list]:
+def loop(tiny_model: Path, tiny_teacher: Path, tmp: Path, engine: str, max_lag: int,
+         steps: int = 3) -> tuple[list, list]:
     """Run the pipeline; return (rollout records in stream order, trainer metrics rows)."""
     run_dir, rollouts = tmp / "run", tmp / "rollouts.jsonl"
     command = pipeline(tiny_model, tiny_teacher, tmp, engine, max_lag, steps, rollouts)
@@ -94,7 +95,8 @@ def test_max_lag_1_with_vllm_decodes_two_batches_at_once_and_stamps_each_with_it
     batch_versions = [records[i]["policy"]["version"] for i in range(0, len(records), 4)]
     assert batch_versions[:2] == [0, 0]
     assert all(v >= b - 1 for b, v in enumerate(batch_versions))
-    decode = {s["batch"]: s for s in read(tmp_path / "timeline") if s["tool"] == "opd-rollout" and s["name"] == "decode"}
+    decode = {s["batch"]: s for s in read(tmp_path / "timeline")
+              if s["tool"] == "opd-rollout" and s["name"] == "decode"}
     assert decode[1]["start"] < decode[0]["end"], decode  # batch 1 went in while batch 0 decoded
     adapters = [s for s in read(tmp_path / "timeline") if s["name"] == "adapter"]
     assert [s["version"] for s in adapters] == sorted({s["version"] for s in adapters}) and adapters

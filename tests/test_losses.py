@@ -149,7 +149,8 @@ def test_sft_value_metric_and_gradient():
     want = -sum(log_softmax_row(r)[t] for r, t in zip(rows(z), y.tolist(), strict=True)) / n
     assert close(out.loss, want) and close(out.metrics["nll"], want)
     out.loss.backward()
-    assert_grad(z.grad, [[-dlogp(softmax_row(r), t, u) / n for u in range(V)] for r, t in zip(rows(z), y.tolist())])
+    assert_grad(z.grad, [[-dlogp(softmax_row(r), t, u) / n for u in range(V)]
+                         for r, t in zip(rows(z), y.tolist(), strict=True)])
 
 
 # --------------------------------------------------------------------------- rkl
@@ -181,9 +182,10 @@ def test_rkl_on_policy_ratio_one_gradient_is_minus_advantage_grad_logp():
     assert close(out.loss, -sum(adv) / n)
     assert close(out.metrics["ratio"], 3 / n) and out.metrics["ratio_clipped"] == 0
     assert close(out.metrics["advantage"], sum(adv) / n)
-    assert close(out.metrics["reverse_kl"], sum(b - t for b, t in zip(rows(behaviour), rows(teacher))) / n)
+    assert close(out.metrics["reverse_kl"], sum(b - t for b, t in zip(rows(behaviour), rows(teacher), strict=True)) / n)
     out.loss.backward()
-    assert_grad(z.grad, [[-a * dlogp(pt, t, u) / n for u in range(V)] for a, pt, t in zip(adv, p, y.tolist())])
+    assert_grad(z.grad, [[-a * dlogp(pt, t, u) / n for u in range(V)]
+                         for a, pt, t in zip(adv, p, y.tolist(), strict=True)])
 
 
 @pytest.mark.parametrize("ratio_clip", [None, 1.2])
@@ -193,13 +195,13 @@ def test_rkl_truncated_ratio_value_gradient_and_metrics(ratio_clip):
     adv, n = [0.7, -1.2, 0.3], 3
     capped = [min(x, ratio_clip) if ratio_clip else x for x in rho]  # value min(rho, c)
     out = L.rkl(z, y, behaviour, torch.tensor(adv), n, ratio_clip=ratio_clip)
-    assert close(out.loss, -sum(a * c for a, c in zip(adv, capped)) / n)
+    assert close(out.loss, -sum(a * c for a, c in zip(adv, capped, strict=True)) / n)
     assert close(out.metrics["ratio"], sum(capped) / n)
     assert close(out.metrics["ratio_clipped"], (2 if ratio_clip else 0) / n)
     assert close(out.metrics["reverse_kl"], -sum(adv) / n)  # no teacher log-probs given: -A (discount 0)
     out.loss.backward()  # gradient min(rho, c) grad log p: truncation keeps the gradient, caps its weight
     assert_grad(z.grad, [[-a * c * dlogp(pt, t, u) / n for u in range(V)]
-                         for a, c, pt, t in zip(adv, capped, p, y.tolist())])
+                         for a, c, pt, t in zip(adv, capped, p, y.tolist(), strict=True)])
 
 
 def test_rkl_advantage_is_detached():
@@ -241,7 +243,8 @@ def test_fkl_clip_caps_summands_and_zeroes_their_gradient(tail):
     out.loss.backward()
     assert_grad(z.grad, want["grad"])  # the reference sums the gradient of unclipped summands only
     unclipped = ref_fkl(rows(z), ids.tolist(), rows(tlogp), n, tau=1.1, clip=None, tail=tail)["grad"]
-    assert max(abs(a - b) for ra, rb in zip(rows(z.grad), unclipped) for a, b in zip(ra, rb)) > 1e-3
+    assert max(abs(a - b) for ra, rb in zip(rows(z.grad), unclipped, strict=True)
+               for a, b in zip(ra, rb, strict=True)) > 1e-3
 
 
 def test_fkl_tail_false_is_renormalized_over_k():
@@ -337,7 +340,7 @@ def _shift_case(seed: int = 14, k: int = 3):
     g = torch.Generator().manual_seed(seed + 1)
     delta = torch.randn(N, k, generator=g)
     targets = torch.tensor([ids[0, 1].item(), 4, ids[2, 0].item()])  # sampled tokens, in and out of K
-    ref_logp = torch.tensor([r[t] for r, t in zip(rows(logits(seed + 2)), targets.tolist())]) - 1.0
+    ref_logp = torch.tensor([r[t] for r, t in zip(rows(logits(seed + 2)), targets.tolist(), strict=True)]) - 1.0
     return z, ids, delta, targets, ref_logp
 
 
@@ -385,7 +388,7 @@ def test_shift_k3_value_and_beta_scaling():
         out.loss.backward()
         grads.append(zz.grad)
     assert torch.allclose(grads[2] - grads[0], 2.5 * (grads[1] - grads[0]), atol=1e-6)  # linear in beta
-    at_ref = torch.tensor([log_softmax_row(r)[t] for r, t in zip(rows(z), y.tolist())])
+    at_ref = torch.tensor([log_softmax_row(r)[t] for r, t in zip(rows(z), y.tolist(), strict=True)])
     assert abs(float(L.shift(z, ids, delta, y, at_ref, N, beta=1.0).metrics["k3"])) < 1e-6  # k3 = 0 at p_S = p_ref
 
 

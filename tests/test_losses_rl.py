@@ -14,9 +14,9 @@ import math
 
 import pytest
 import torch
+from test_losses import assert_bf16_accepted, assert_chunks_add_up, close, leaf
 
 from opd_train import losses as L
-from test_losses import assert_bf16_accepted, assert_chunks_add_up, close, leaf
 
 V = 6
 CL, CH, C = 0.2, 0.28, 10.0  # the defaults: clip_low, clip_high, dual_clip
@@ -242,7 +242,8 @@ def test_ppo_clip_on_policy_ratio_one_gradient_is_minus_advantage_grad_logp():
     assert close(out.metrics["advantage"], sum(adv) / n)
     out.loss.backward()
     p = [softmax_row(r) for r in rows(z)]
-    assert_grad(z.grad, [[-a * dlogp(pt, t, u) / n for u in range(V)] for a, pt, t in zip(adv, p, y.tolist())])
+    assert_grad(z.grad, [[-a * dlogp(pt, t, u) / n for u in range(V)]
+                         for a, pt, t in zip(adv, p, y.tolist(), strict=True)])
 
 
 @pytest.mark.parametrize("kl", [0.0, 0.1, 1.0])

@@ -43,7 +43,8 @@ def make_run(path: Path, steps=(1, 2), max_steps: int = 2) -> Path:
     (path / "config.json").write_text(json.dumps(config))
     (path / "scored.jsonl").write_text('{"id": "x"}\n')
     (path / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "loss": 0.5 / s, "reverse_kl": 0.25 / s, "grad_norm": 1.0, "records_read": 16 * s}) + "\n"
+        json.dumps({"step": s, "loss": 0.5 / s, "reverse_kl": 0.25 / s, "grad_norm": 1.0,
+                    "records_read": 16 * s}) + "\n"
         for s in range(1, max(steps) + 1)))
     for s in steps:
         ck = path / f"checkpoint-{s:06d}"
@@ -51,7 +52,8 @@ def make_run(path: Path, steps=(1, 2), max_steps: int = 2) -> Path:
         (ck / "adapter_model.safetensors").write_bytes(bytes([s]) * 1000)
         (ck / "adapter_config.json").write_text('{"r": 8}')
         (ck / "tokenizer.json").write_text('{"tok": 1}')
-        (ck / "trainer_state.json").write_text(json.dumps({"step": s, "max_steps": max_steps, "complete": s == max_steps}))
+        (ck / "trainer_state.json").write_text(json.dumps({"step": s, "max_steps": max_steps,
+                                                           "complete": s == max_steps}))
         (ck / "trainer_state.pt").write_bytes(b"resume" * 10 + bytes([s]))
     (path / "latest").write_text(f"checkpoint-{max(steps):06d}\n")
     return path
@@ -82,7 +84,8 @@ def test_push_layout_index_card_and_noop_repush(run, mirror):
     out = records(ok(publish("push", str(run), "--repo", url(mirror))))
     assert [(r["step"], r["status"]) for r in out] == [(1, "published"), (2, "published")]
     names = sorted(FileTarget(mirror).list_files())
-    assert names == ["README.md", "checkpoint-000001/adapter_config.json", "checkpoint-000001/adapter_model.safetensors",
+    assert names == ["README.md", "checkpoint-000001/adapter_config.json",
+                     "checkpoint-000001/adapter_model.safetensors",
                      "checkpoint-000001/sha256sums.txt", "checkpoint-000001/tokenizer.json",
                      "checkpoint-000001/trainer_state.json", "checkpoint-000002/adapter_config.json",
                      "checkpoint-000002/adapter_model.safetensors", "checkpoint-000002/sha256sums.txt",
@@ -110,9 +113,11 @@ def test_checkpoint_selection_and_resume_state(tmp_path, mirror):
     run = make_run(tmp_path / "run", steps=(1, 2, 3), max_steps=3)
     out = records(ok(publish("push", str(run), "--repo", url(mirror), "--checkpoints", "3,1")))
     assert [r["step"] for r in out] == [1, 3]
-    out = records(ok(publish("push", str(run), "--repo", url(mirror), "--checkpoints", "latest", "--with-resume-state")))
+    out = records(ok(publish("push", str(run), "--repo", url(mirror), "--checkpoints", "latest",
+                             "--with-resume-state")))
     assert out[0]["status"] == "unchanged" and out[1] == {**out[1], "resume_step": 3, "status": "published"}
-    assert (mirror / "latest-resume" / "trainer_state.pt").read_bytes() == (run / "checkpoint-000003" / "trainer_state.pt").read_bytes()
+    assert ((mirror / "latest-resume" / "trainer_state.pt").read_bytes()
+            == (run / "checkpoint-000003" / "trainer_state.pt").read_bytes())
     assert index_of(mirror)["latest_resume"]["step"] == 3
     assert [e["step"] for e in index_of(mirror)["checkpoints"]] == [1, 3]
     assert error_of(publish("push", str(run), "--repo", url(mirror), "--checkpoints", "7")) == (
@@ -179,7 +184,8 @@ def test_interrupted_push_is_resumed_and_nothing_unverified_is_indexed(run, mirr
     ok(publish("push", str(run), "--repo", url(mirror), "--checkpoints", "1"))
     part = mirror / "checkpoint-000002"
     part.mkdir()
-    (part / "adapter_model.safetensors").write_bytes((run / "checkpoint-000002" / "adapter_model.safetensors").read_bytes()[:500])
+    (part / "adapter_model.safetensors").write_bytes(
+        (run / "checkpoint-000002" / "adapter_model.safetensors").read_bytes()[:500])
     (part / "adapter_config.json").write_bytes((run / "checkpoint-000002" / "adapter_config.json").read_bytes())
     assert [e["step"] for e in index_of(mirror)["checkpoints"]] == [1]
     out = records(ok(publish("verify", url(mirror))))  # the leftover is not published: verify passes, warns
@@ -203,7 +209,8 @@ def test_failed_upload_leaves_nothing_indexed(run, mirror, monkeypatch):
     monkeypatch.setattr(FileTarget, "commit", flaky)
     err = error_of(publish("push", str(run), "--repo", url(mirror)))
     assert err == (f"Error: {url(mirror)}: upload of checkpoint-000002 failed (OSError: [Errno 28] No space left on "
-                   "device); nothing unverified was added to checkpoint_index.json; run the same push again to resume\n")
+                   "device); nothing unverified was added to checkpoint_index.json; "
+                   "run the same push again to resume\n")
     assert [e["step"] for e in index_of(mirror)["checkpoints"]] == [1]
 
 
@@ -223,7 +230,8 @@ def test_upload_that_lands_corrupted_is_not_indexed(run, mirror, monkeypatch):
                           "checkpoint-000002/adapter_model.safetensors has sha256 ")
     assert [e["step"] for e in index_of(mirror)["checkpoints"]] == [1]
     monkeypatch.setattr(FileTarget, "commit", real)
-    assert [r["status"] for r in records(ok(publish("push", str(run), "--repo", url(mirror))))] == ["unchanged", "published"]
+    assert [r["status"] for r in records(ok(publish("push", str(run), "--repo", url(mirror))))] == [
+        "unchanged", "published"]
 
 
 def test_bad_arguments_are_clear(run, tmp_path):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from hub_server import HubServer
 import test_publish
+from hub_server import HubServer
 from test_publish import error_of, make_run, ok, publish, records
 
 real_run = test_publish.real_run  # the module-scoped fixture: a real opd-train run dir
@@ -81,7 +80,8 @@ def test_push_verify_pull_through_the_real_client(hub, run, repo, tmp_path):
     assert [r["ok"] for r in records(ok(publish("verify", f"hf://{repo}", "--local", str(run))))] == [True] * 3
     dest = tmp_path / "pulled"
     assert records(ok(publish("pull", f"hf://{repo}", str(dest), "--checkpoint", "1")))[0]["files"] == 4
-    assert (dest / "adapter_model.safetensors").read_bytes() == (run / "checkpoint-000001" / "adapter_model.safetensors").read_bytes()
+    assert ((dest / "adapter_model.safetensors").read_bytes()
+            == (run / "checkpoint-000001" / "adapter_model.safetensors").read_bytes())
 
 
 def test_revision_branch(hub, run, repo):
@@ -162,9 +162,10 @@ def test_missing_repo_is_a_clear_error(hub, tmp_path):
 @pytest.mark.slow
 def test_real_run_push_pull_then_opd_eval(hub, real_run, tiny_model, repo, tmp_path):
     """A real opd-train run through the Hub: pull + opd-eval works on what push sent."""
+    from click.testing import CliRunner
+
     from opd_eval.cli import command as eval_main
     from opd_eval.results import adapter_identity
-    from click.testing import CliRunner
 
     ok(publish("push", str(real_run), "--repo", f"hf://{repo}", "--checkpoints", "latest", "--quiet"))
     dest = tmp_path / "pulled"

@@ -68,7 +68,7 @@ def by_id(recs: list[dict]) -> dict[str, dict]:
 
 def bundled_rows(name: str, n: int) -> list[dict]:
     with open(bundled_path(name), "rb") as f:
-        return [orjson.loads(line) for _, line in zip(range(n), f)]
+        return [orjson.loads(line) for _, line in zip(range(n), f, strict=False)]
 
 
 def load_tokenizer(model: Path):
@@ -302,7 +302,8 @@ def test_stdin_is_streamed_record_by_record(tiny_model, tmp_path):
 @pytest.mark.slow  # a real subprocess: ~10 s of interpreter and torch start-up
 def test_pipeline_into_opd_cat_summary(main_run, tiny_model):
     _, recs = main_run
-    rollout_cmd = " ".join([str(BIN / "opd-rollout"), "--model", str(tiny_model), "--engine", "hf", "--quiet", *MAIN_ARGS])
+    rollout_cmd = " ".join([str(BIN / "opd-rollout"), "--model", str(tiny_model), "--engine", "hf", "--quiet",
+                            *MAIN_ARGS])
     proc = subprocess.run(f"set -o pipefail; {rollout_cmd} | {BIN / 'opd-cat'} --summary", shell=True,
                           executable="/bin/bash", capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()
@@ -338,7 +339,8 @@ def test_bad_input_is_one_clear_error_and_no_manifest(tiny_model, tmp_path, case
     missing = str(tmp_path / "no-such-model")
     if case == "malformed-json":
         args, expected = [_bad_json(tmp_path)], (
-            "Error: record 2 of prompts.jsonl is not valid JSON (unexpected character, expected a string key at column 13)")
+            "Error: record 2 of prompts.jsonl is not valid JSON (unexpected character, expected a string key "
+            "at column 13)")
     elif case == "missing-field":
         args, expected = [_no_problem(tmp_path)], (
             "Error: line 1 of questions.jsonl has no 'problem' field "
@@ -368,7 +370,8 @@ def test_bad_input_is_one_clear_error_and_no_manifest(tiny_model, tmp_path, case
 def test_bad_input_on_stdin_names_stdin(tiny_model):
     result = rollout(tiny_model, "--max-tokens", "4", input='{"id": "a", "problem": "1+1?"}\nnot json\n')
     assert result.exit_code == 1
-    assert result.stderr.splitlines() == ["Error: record 2 of <stdin> is not valid JSON (invalid literal, expected 'null' at column 1)"]
+    assert result.stderr.splitlines() == [
+        "Error: record 2 of <stdin> is not valid JSON (invalid literal, expected 'null' at column 1)"]
     assert [r["id"] for r in parse(result.stdout_bytes)] == ["a:0"]  # the record before it was written
 
 

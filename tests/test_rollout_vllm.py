@@ -12,8 +12,6 @@ import subprocess
 import numpy as np
 import orjson
 import pytest
-
-from opd_common.tiny import EOS_TOKEN
 from test_rollout import (
     ALIGN_TOL,
     BIN,
@@ -28,6 +26,8 @@ from test_rollout import (
     parse,
     teacher_forced_logits,
 )
+
+from opd_common.tiny import EOS_TOKEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -76,7 +76,8 @@ def test_records_are_valid_and_carry_their_inputs(runs, tiny_model):
     assert_records_carry_inputs(recs, rows, n=4, engine="vllm")
     for rec in recs:
         assert rec["policy"] == {"model": str(tiny_model), "revision": None, "adapter": None, "version": 0}
-        assert (rec["sampling"]["temperature"], rec["sampling"]["top_k"], rec["sampling"]["max_tokens"]) == (0.7, 20, 12)
+        assert ((rec["sampling"]["temperature"], rec["sampling"]["top_k"], rec["sampling"]["max_tokens"])
+                == (0.7, 20, 12))
         assert rec["topk_ids"].shape == rec["topk_logprobs"].shape == (len(rec["response_ids"]), 5)
     eos_id = load_tokenizer(tiny_model).convert_tokens_to_ids(EOS_TOKEN)
     assert_finish_reasons(recs, eos_id, max_tokens=12)

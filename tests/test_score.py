@@ -16,12 +16,12 @@ import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
+from test_rollout import BIN, _line_reader, load_model, load_tokenizer, ok, parse, rollout
 
 from opd_common.models import render_chat
 from opd_common.prompts import bundled_dir, load
 from opd_common.streams import MANIFEST, PROGRESS, encode, iter_inputs, sha256_file
 from opd_score import cli
-from test_rollout import BIN, _line_reader, load_model, load_tokenizer, ok, parse, rollout
 
 # Teacher log-probs against the reference forward. Measured max abs diff on the tiny models (CPU,
 # float32): 1.9e-6 (sampled tokens), 2.4e-6 (own top-k, at the student's ids, shift delta), 1.7e-6
@@ -34,7 +34,8 @@ TOL = 1e-4
 ROLLOUT_ARGS = ["-n", "2", "--max-tokens", "8", "--limit", "3", "--temperature", "0.7", "--topk-logprobs", "8",
                 "aime24"]
 
-# The OPSD prompts (docs/architecture.md, Templates), verbatim (Python str.format strings; the dash in TRANSITION is an em dash).
+# The OPSD prompts (docs/architecture.md, Templates), verbatim (Python str.format strings; the dash in
+# TRANSITION is an em dash).
 STUDENT = "Problem: {problem}\n\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 TEACHER = ("Problem: {problem}\n\n"
            "Here is a reference solution to this problem:\n"
@@ -182,7 +183,8 @@ def test_student_as_its_own_teacher_reproduces_the_rollout(rollouts, tiny_model,
     path, recs = rollouts
     got = parse(ok(score("--teacher", f"self={tiny_model}", "--teacher-prompt", prompt, "--teacher-thinking", "on",
                          path)).stdout_bytes)
-    worst = max(max_diff(rec["teachers"]["self"]["logprobs"], src["logprobs"]) for rec, src in zip(got, recs, strict=True))
+    worst = max(max_diff(rec["teachers"]["self"]["logprobs"], src["logprobs"])
+                for rec, src in zip(got, recs, strict=True))
     assert worst <= TOL
     assert {rec["teachers"]["self"]["prompt"] for rec in got} == {prompt}
 
@@ -310,7 +312,8 @@ def test_a_teacher_with_another_tokenizer_is_refused(rollouts, tiny_model, tmp_p
 def test_record_errors_name_the_record_and_field(rollouts, tiny_teacher, tiny_model, tmp_path):
     path, recs = rollouts
     no_solution = write_records(tmp_path / "no_solution.jsonl",
-                                [dict(recs[0], example={k: v for k, v in recs[0]["example"].items() if k != "solution"})])
+                                [dict(recs[0], example={k: v for k, v in recs[0]["example"].items()
+                                                        if k != "solution"})])
     fields = ", ".join(sorted(k for k in recs[0]["example"] if k != "solution"))
     assert error_of(score("--teacher", f"t={tiny_teacher}", "--teacher-prompt", "opsd", no_solution)) == (
         f"Error: record 1 of no_solution.jsonl: example has no 'solution' field, which --teacher-prompt opsd needs "
@@ -542,7 +545,8 @@ def test_reward_require_stop_and_overlong_penalty(reward_records):
 def test_reward_without_answer_names_the_record(rollouts, tmp_path):
     _, recs = rollouts
     path = write_records(tmp_path / "no_answer.jsonl",
-                         [recs[0], dict(recs[1], example={k: v for k, v in recs[1]["example"].items() if k != "answer"})])
+                         [recs[0], dict(recs[1], example={k: v for k, v in recs[1]["example"].items()
+                                                          if k != "answer"})])
     result = score("--reward", "math", "--grade-workers", "1", "--window", "1", path)
     assert result.exit_code == 1
     assert [r["id"] for r in parse(result.stdout_bytes)] == [recs[0]["id"]]  # the record before it came out

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from opd_common.records import make_id
 from test_rollout import BIN, make_lora_adapter, ok, parse, rollout
 from test_score import error_of, max_diff, score, write_records
+
+from opd_common.records import make_id
 
 # --follow keeps the LoRA unmerged (as the sampler and the trainer do); `+ADAPTER` merges it into
 # the weights. Measured max abs diff on the tiny model (CPU, float32): 2.4e-6 between the two, and

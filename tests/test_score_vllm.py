@@ -15,7 +15,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from test_rollout import BIN, load_tokenizer, ok, parse
 from test_score import (  # noqa: F401 (rollouts and teacher_lm are fixtures)
     at,

@@ -15,6 +15,7 @@ import numpy as np
 import orjson
 import pytest
 import zstandard
+from test_records import assert_records_equal, make_record
 
 import opd_common
 from opd_common.errors import RecordError, StreamError
@@ -29,7 +30,6 @@ from opd_common.streams import (
     iter_inputs,
     open_writer,
 )
-from test_records import assert_records_equal, make_record
 
 ENCODINGS = ["packed", "json"]
 

@@ -24,9 +24,11 @@ def examples(vocab: int, loss: str, seed: int = 0) -> list[Example]:
         ids = rng.integers(0, vocab, (t, K))
         ids[0, 1] = ids[0, 3]  # a repeated id (the compacted logits keep its first occurrence)
         tokens = {"fkl": {"ids": ids, "teacher_logp": topk.astype(np.float32)},
-                  "rkl": {"behaviour_logp": -rng.random(t).astype(np.float32) * 3, "teacher_logp": -rng.random(t).astype(np.float32) * 3,
+                  "rkl": {"behaviour_logp": -rng.random(t).astype(np.float32) * 3,
+                          "teacher_logp": -rng.random(t).astype(np.float32) * 3,
                           "advantage": rng.standard_normal(t).astype(np.float32)},
-                  "shift": {"ids": rng.integers(0, vocab, (t, K)), "delta": rng.standard_normal((t, K)).astype(np.float32)},
+                  "shift": {"ids": rng.integers(0, vocab, (t, K)),
+                            "delta": rng.standard_normal((t, K)).astype(np.float32)},
                   "sft": {}, "grpo": {"behaviour_logp": -rng.random(t).astype(np.float32) * 3,
                            "advantage": np.full(t, rng.standard_normal(), np.float32)}}[loss]
         out.append(Example(id=str(i), prompt_id=str(i), prompt_ids=rng.integers(0, vocab, p),

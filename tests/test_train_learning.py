@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-
-from opd_common.datasets import bundled_path
 from test_rollout import ok, parse, rollout, teacher_forced_logits
 from test_score import score
 from test_train import metrics, train
+
+from opd_common.datasets import bundled_path
 
 # adapting lm_head makes peft save that layer whole in each checkpoint, and say so
 pytestmark = [pytest.mark.slow,
@@ -99,7 +99,7 @@ def nll(lm, recs: list[dict]) -> float:
 def train_prompts(path: Path, start: int, count: int) -> Path:
     """Rows start .. start+count of the bundled train-math set as a prompt file (disjoint slices per round)."""
     with open(bundled_path("train-math"), "rb") as f:
-        rows = [line for i, line in zip(range(start + count), f) if i >= start]
+        rows = [line for i, line in zip(range(start + count), f, strict=False) if i >= start]
     path.write_bytes(b"".join(rows))
     assert len(rows) == count and all(orjson.loads(r)["problem"] for r in rows)
     return path

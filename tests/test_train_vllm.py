@@ -6,7 +6,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from test_rollout import BIN, assert_aligned, chosen, load_model, ok, parse, rollout, teacher_forced_logits
 from test_train import base_args, train
 
@@ -22,7 +21,8 @@ def test_trained_checkpoint_serves_in_vllm_like_peft(tiny_model, tmp_path):
     ok(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "4", "--batch-size", "2", "--lr", "2e-2"),
              str(tmp_path / "recs.jsonl")))
     checkpoint = run_dir / (run_dir / "latest").read_text().strip()
-    done = subprocess.run([str(BIN / "opd-rollout"), "--model", str(tiny_model), "--engine", "vllm", "--eager", "--quiet",
+    done = subprocess.run([str(BIN / "opd-rollout"), "--model", str(tiny_model), "--engine", "vllm",
+                           "--eager", "--quiet",
                            "--adapter", str(checkpoint), "-n", "2", "--max-tokens", "16", "--temperature", "0.7",
                            "--top-k", "20", "--topk-logprobs", "5", "--limit", "2", "aime24"],
                           capture_output=True, timeout=900)

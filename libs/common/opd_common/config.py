@@ -24,7 +24,8 @@ def opt(default: Any = None, help: str = "", *, flag: str | None = None, short: 
     """A config field with its command-line help (use as `x: int = opt(1, "...")`)."""
     meta = {"help": help, "flag": flag, "short": short, "choices": choices, "multiple": multiple, "cli": cli}
     if multiple or isinstance(default, (list, dict)):
-        factory = (lambda d=default: list(d or [])) if multiple or isinstance(default, list) else (lambda d=default: dict(d))
+        factory = ((lambda d=default: list(d or [])) if multiple or isinstance(default, list)
+                   else (lambda d=default: dict(d)))
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 

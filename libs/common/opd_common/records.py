@@ -236,7 +236,8 @@ def validate(rec: Any, where: Where | str) -> dict:
     if rec["schema"] != SCHEMA:
         raise RecordError(f"{where}: field 'schema' is {rec['schema']!r}; this opd reads {SCHEMA!r}")
     if rec["finish_reason"] not in FINISH_REASONS:
-        raise RecordError(f"{where}: field 'finish_reason' must be one of {FINISH_REASONS}, got {rec['finish_reason']!r}")
+        raise RecordError(f"{where}: field 'finish_reason' must be one of {FINISH_REASONS}, "
+                          f"got {rec['finish_reason']!r}")
     normalize(rec, where)
     n = len(rec["response_ids"])
     for key in ("logprobs", "topk_ids", "topk_logprobs"):

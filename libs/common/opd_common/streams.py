@@ -181,7 +181,7 @@ def iter_dir(directory: Path, check: bool = True) -> Iterator[tuple[Any, Where]]
         spath = _verify_shard(directory, shard)
         count = 0
         with open(spath, "rb") as f:
-            for count, (rec, where) in enumerate(_iter_stream(f, spath.name, check), start=1):
+            for count, (rec, where) in enumerate(_iter_stream(f, spath.name, check), start=1):  # noqa: B007 (count is checked after the loop)
                 yield rec, where
         if count != shard["records"]:
             raise StreamError(f"{spath}: has {count} records but {MANIFEST} says {shard['records']}")
@@ -261,7 +261,7 @@ class StreamWriter:
         except BrokenPipeError:  # the reader went away (e.g. `| head`); nothing more to do
             pass
 
-    def __enter__(self) -> "StreamWriter":
+    def __enter__(self) -> StreamWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -401,7 +401,7 @@ class ShardWriter:
         atomic_write_bytes(self.dir / MANIFEST, json.dumps(manifest, indent=2, default=str).encode() + b"\n")
         (self.dir / PROGRESS).unlink(missing_ok=True)
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -123,7 +123,8 @@ def build_model(tokenizer, seed: int = 0, hidden_size: int = 64, layers: int = 2
         for name, param in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
                 continue
-            param.copy_(torch.randn(param.shape, generator=gen) * (init_std if "embed" in name or "lm_head" in name else 0.05))
+            param.copy_(torch.randn(param.shape, generator=gen)
+                        * (init_std if "embed" in name or "lm_head" in name else 0.05))
         model.model.embed_tokens.weight[:, 0] = 1.0  # the constant dimension 0
         model.lm_head.weight[:, 0] = 0.0
         for layer in model.model.layers:  # no layer writes dimension 0

@@ -71,9 +71,11 @@ def ls_cmd(as_json):
 
 @tool_command("compare", group=command)
 @click.argument("results", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--resamples", type=int, default=10_000, show_default=True, help="Bootstrap resamples (and permutations).")
+@click.option("--resamples", type=int, default=10_000, show_default=True,
+              help="Bootstrap resamples (and permutations).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and permutation draws.")
-@click.option("--force", is_flag=True, help="Compare results of different benchmarks/settings over their shared problems.")
+@click.option("--force", is_flag=True,
+              help="Compare results of different benchmarks/settings over their shared problems.")
 @click.option("--quiet", is_flag=True, help="No table on stderr.")
 def compare_cmd(results, resamples, seed, force, quiet):
     """Paired comparison of results with the first file (the baseline), problem by problem.
@@ -100,7 +102,8 @@ def compare_cmd(results, resamples, seed, force, quiet):
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Write report.md and accuracy.png here [default: DIRECTORY].")
-@click.option("--resamples", type=int, default=10_000, show_default=True, help="Bootstrap resamples for the paired CIs.")
+@click.option("--resamples", type=int, default=10_000, show_default=True,
+              help="Bootstrap resamples for the paired CIs.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the bootstrap and permutation draws.")
 @click.option("--force", is_flag=True, help="Report results with different sampling settings side by side.")
 @click.option("--quiet", is_flag=True, help="No log lines on stderr.")

@@ -89,11 +89,13 @@ def markdown(report: dict[str, Any], plot_name: str = PLOT) -> str:
                   "|---:|---|---|---:|---:|---:|---:|---:|---|---:|---|"]
         for r in rows:
             vs = r["vs_base"]
-            delta = (f"{100 * vs['diff']:+.1f} ({100 * vs['ci'][0]:+.1f}, {100 * vs['ci'][1]:+.1f})", f"{vs['p_value']:.3f}",
+            delta = (f"{100 * vs['diff']:+.1f} ({100 * vs['ci'][0]:+.1f}, {100 * vs['ci'][1]:+.1f})",
+                     f"{vs['p_value']:.3f}",
                      f"{vs['wins']}/{vs['losses']}/{vs['ties']}") if vs else ("-", "-", "-")
             lines.append(f"| {r['step']} | {r['file']} | {pct(r['avg'])} ({pct(r['ci'][0])}-{pct(r['ci'][1])}) "
                          f"| {pct(r['pass_at_k'].get(str(k), 0.0))} | {pct(r['majority'])} | {pct(r['format_rate'])} "
-                         f"| {pct(r['truncation_rate'])} | {r['mean_length']:.0f} | {delta[0]} | {delta[1]} | {delta[2]} |")
+                         f"| {pct(r['truncation_rate'])} | {r['mean_length']:.0f} "
+                         f"| {delta[0]} | {delta[1]} | {delta[2]} |")
         lines.append("")
     lines += ["Accuracies in percent. CIs: percentile bootstrap over problems; vs step 0: paired bootstrap of the "
               "per-problem difference and a paired sign-flip permutation p-value (docs/eval.md).", "",

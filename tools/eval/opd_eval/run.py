@@ -22,8 +22,17 @@ from opd_common.errors import ConfigError, RecordError
 from opd_common.models import check_model_ref
 
 from .benchmarks import Benchmark, Problem, load_benchmark
-from .results import (SCHEMA, ProgressWriter, adapter_identity, check_resumable, iso_now, model_identity,
-                      prepare_output, read_progress, write_results)
+from .results import (
+    SCHEMA,
+    ProgressWriter,
+    adapter_identity,
+    check_resumable,
+    iso_now,
+    model_identity,
+    prepare_output,
+    read_progress,
+    write_results,
+)
 
 log = logging.getLogger("opd-eval")
 
@@ -121,7 +130,8 @@ def run(config, engine=None) -> int:
 
     print(run_table(results), file=sys.stderr)
     overall = {k: v for k, v in results["metrics"]["overall"].items() if k not in ("length", "reasons")}
-    sys.stdout.write(orjson.dumps({"results": str(out), "benchmark": bench.name, "step": step, **overall}).decode() + "\n")
+    sys.stdout.write(orjson.dumps({"results": str(out), "benchmark": bench.name, "step": step, **overall}).decode()
+                     + "\n")
     return 0
 
 

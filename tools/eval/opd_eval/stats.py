@@ -92,5 +92,6 @@ def wins_losses(a, b) -> dict:
 def _paired(a, b) -> np.ndarray:
     a_P, b_P = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a_P.shape != b_P.shape or a_P.ndim != 1 or len(a_P) == 0:
-        raise ValueError(f"paired statistics need two equal-length, non-empty 1-D arrays, got {a_P.shape} and {b_P.shape}")
+        raise ValueError("paired statistics need two equal-length, non-empty 1-D arrays, "
+                         f"got {a_P.shape} and {b_P.shape}")
     return b_P - a_P

@@ -38,7 +38,8 @@ def render_card(run: RunDir, index: dict[str, Any]) -> str:
              "## Base model", "", f"- model: `{base}`", f"- revision: `{revision}`", "",
              "## Data", "", "| input | sha256 |", "|---|---|"]
     for d in data_hashes(run.config.get("inputs", []), run.path):
-        lines.append(f"| `{d['input']}` | {('`' + d['sha256'] + '`') if d['sha256'] else 'not available at publish time'} |")
+        lines.append(f"| `{d['input']}` | "
+                     f"{('`' + d['sha256'] + '`') if d['sha256'] else 'not available at publish time'} |")
     lines += ["", "## Recipe", "", "| option | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(cfg[k])} |" for k in RECIPE_KEYS if cfg.get(k) is not None]
     lines += ["", "## Budget", "", f"- max_steps: {cfg.get('max_steps')}"]
@@ -55,18 +56,21 @@ def render_card(run: RunDir, index: dict[str, Any]) -> str:
     resume = index.get("latest_resume")
     if resume:
         lines += ["", f"Resume state (optimizer, scheduler, RNG) of step {resume['step']} is under `latest-resume/`."]
+    stopped_early = last and cfg.get("max_steps") and last["step"] < cfg["max_steps"]
     lines += ["", "## Caveats", "",
               "- A LoRA adapter only: load it on the exact base model and revision above.",
               f"- Metrics are training-time figures from `metrics.jsonl` (no held-out evaluation); "
-              f"{'the run stopped before its budget' if last and cfg.get('max_steps') and last['step'] < cfg['max_steps'] else 'see opd-eval for accuracy'}.",
-              "- Files under a `checkpoint-*/` folder that is not in the index are an unfinished upload: do not use them.",
+              f"{'the run stopped before its budget' if stopped_early else 'see opd-eval for accuracy'}.",
+              "- Files under a `checkpoint-*/` folder that is not in the index are an unfinished upload: "
+              "do not use them.",
               "", "## How to load", "", "```python", "from peft import PeftModel",
               "from transformers import AutoModelForCausalLM", "",
               f"base = AutoModelForCausalLM.from_pretrained({base!r}, revision={cfg.get('revision')!r})",
               _peft_line(index.get("repo", ""), path), "```", "",
               "```python", "from vllm import LLM", "from vllm.lora.request import LoRARequest", "",
               f"llm = LLM({base!r}, enable_lora=True, max_lora_rank={cfg.get('lora_r', 64)})",
-              f"lora = LoRARequest('opd', 1, 'pulled/{path}')  # opd-publish pull REPO --checkpoint {last['step'] if last else 'N'} pulled/{path}",
+              f"lora = LoRARequest('opd', 1, 'pulled/{path}')  "
+              f"# opd-publish pull REPO --checkpoint {last['step'] if last else 'N'} pulled/{path}",
               "outputs = llm.generate(prompts, lora_request=lora)", "```", "",
               "## Training config", "", "```json", json.dumps(run.config, indent=1, default=str), "```", ""]
     return "\n".join(lines)

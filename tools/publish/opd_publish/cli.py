@@ -74,7 +74,8 @@ def push(run_dir, repo, checkpoints, with_resume_state, private, revision, quiet
 @click.option("--quiet", is_flag=True, help="Only warnings and errors on stderr.")
 def verify(target, local, revision, quiet):
     """Check every indexed checkpoint's files on TARGET (opd-publish verify hf://org/run1 | jq .ok)."""
-    from .publish import VerifyError, verify as run_verify
+    from .publish import VerifyError
+    from .publish import verify as run_verify
 
     _setup_logging(quiet)
     try:

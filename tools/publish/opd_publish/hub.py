@@ -85,7 +85,8 @@ class HubTarget(Target):
             os.replace(got, dest)
 
     def commit(self, adds: dict[str, Path | bytes], message: str) -> str:
-        ops = [self.hub.CommitOperationAdd(path_in_repo=path, path_or_fileobj=src if isinstance(src, bytes) else str(src))
+        ops = [self.hub.CommitOperationAdd(path_in_repo=path,
+                                           path_or_fileobj=src if isinstance(src, bytes) else str(src))
                for path, src in sorted(adds.items(), key=lambda kv: kv[0])]
         info = self.api.create_commit(self.repo_id, ops, commit_message=message, revision=self.revision)
         self._listing = None

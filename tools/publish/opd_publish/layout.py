@@ -52,7 +52,7 @@ class Manifest:
         return sha256_bytes(self.text.encode())
 
     @classmethod
-    def of_files(cls, paths: dict[str, Path]) -> "Manifest":
+    def of_files(cls, paths: dict[str, Path]) -> Manifest:
         return cls({name: (sha256_file(p), p.stat().st_size) for name, p in paths.items()})
 
     @staticmethod

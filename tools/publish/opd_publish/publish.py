@@ -95,7 +95,8 @@ def _upload_folder(target: Target, prefix: str, local: dict[str, Path], m: Manif
 def _verify_upload(target: Target, prefix: str, m: Manifest) -> None:
     with guard(target, f"listing {prefix.rstrip('/')} after upload"):
         files = target.list_files()
-        problems = check_folder(target, prefix, {n: s for n, (s, _) in m.files.items()} | {SUMS: sha256_bytes(m.text.encode())},
+        problems = check_folder(target, prefix,
+                                {n: s for n, (s, _) in m.files.items()} | {SUMS: sha256_bytes(m.text.encode())},
                                 {n: z for n, (_, z) in m.files.items()}, files)
     if problems:
         raise StreamError(f"{target.url}: {prefix.rstrip('/')} did not verify after upload: {'; '.join(problems[:3])}"
@@ -111,7 +112,8 @@ def _check_leftover(target: Target, prefix: str, m: Manifest, files: dict[str, i
                               "overwritten: publish to another repo or remove that folder by hand")
     extra = sorted(p for p in files if p.startswith(prefix) and p[len(prefix):] not in m.files and p != prefix + SUMS)
     if extra:
-        raise StreamError(f"{target.url}: {prefix.rstrip('/')} holds files the local checkpoint lacks ({extra[0]}, ...); "
+        raise StreamError(f"{target.url}: {prefix.rstrip('/')} holds files the local checkpoint lacks "
+                          f"({extra[0]}, ...); "
                           "checkpoints are never overwritten: publish to another repo")
 
 
@@ -245,7 +247,8 @@ def pull(target: Target, checkpoint: str, dest: Path) -> dict[str, Any]:
     except ValueError:
         raise ConfigError(f"--checkpoint must be a step number or 'latest', got {checkpoint!r}") from None
     if step not in by_step:
-        raise StreamError(f"{target.url}: {checkpoint_name(step)} is not published (published steps: {sorted(by_step)})")
+        raise StreamError(f"{target.url}: {checkpoint_name(step)} is not published "
+                          f"(published steps: {sorted(by_step)})")
     entry = by_step[step]
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(f"DIR {dest} already exists and is not empty; give a new directory")

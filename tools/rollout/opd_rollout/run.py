@@ -242,7 +242,8 @@ class Follower:
             saves = f"--save-every {every}" if every else "no --save-every (it saves only at the end)"
             raise OpdError(f"--follow {self.run_dir}: the trainer has done {done} steps and waits for records, but its "
                            f"newest checkpoint is step {step} ({saves}), so this rollout cannot sample the next batch "
-                           f"with --max-lag {self.config.max_lag}: run opd-train with --save-every 1 in a --follow loop")
+                           f"with --max-lag {self.config.max_lag}: run opd-train with --save-every 1 "
+                           "in a --follow loop")
 
     def skip_trained(self, rows):
         """A restarted loop: skip the prompts whose groups the run's newest checkpoint has trained on."""

@@ -18,7 +18,7 @@ class TeacherSpec:
     adapter: str | None = None
 
     @classmethod
-    def parse(cls, text: str, flag: str = "--teacher") -> "TeacherSpec":
+    def parse(cls, text: str, flag: str = "--teacher") -> TeacherSpec:
         name, sep, rest = text.partition("=")
         if not sep or not name or not rest:
             raise ConfigError(f"{flag} {text!r}: expected NAME=MODEL[@REVISION][+ADAPTER]")
@@ -29,7 +29,8 @@ class TeacherSpec:
 
 @dataclass
 class ScoreConfig:
-    teacher: list[str] = opt([], "NAME=MODEL[@REVISION][+ADAPTER]: a teacher whose log-probs go to teachers.NAME (repeatable).",
+    teacher: list[str] = opt([], "NAME=MODEL[@REVISION][+ADAPTER]: a teacher whose log-probs go to teachers.NAME "
+                             "(repeatable).",
                              multiple=True)
     topk: int = opt(0, "Also write each teacher's own top-K ids and log-probs per position.")
     at_student_topk: bool = opt(False, "Score teachers at the record's topk_ids (the student's top-k) instead.")
@@ -39,7 +40,8 @@ class ScoreConfig:
     shift: str | None = opt(None, "post=MODEL,pre=MODEL: Direct-OPD shift at the student's top-k ids.")
     shift_k: int = opt(16, "Number of student top-k ids the shift is evaluated at.")
     reward: str | None = opt(None, "Verifier reward: math.", choices=("math",))
-    grader: str = opt("math", "math (math-verify + string fallback) or integer (AIME-style).", choices=("math", "integer"))
+    grader: str = opt("math", "math (math-verify + string fallback) or integer (AIME-style).",
+                      choices=("math", "integer"))
     require_stop: bool = opt(False, "Reward correctness only when finish_reason is 'stop'.")
     max_response_tokens: int | None = opt(None, "DAPO overlong penalty: L_max (response tokens).")
     overlong_buffer: int | None = opt(None, "DAPO overlong penalty: the soft buffer before L_max.")
@@ -47,7 +49,8 @@ class ScoreConfig:
     follow: str | None = opt(None, "On-policy loop: an opd-train run dir; every --teacher scores each record with "
                              "the run's checkpoint of its policy.version (0 = base weights), the student that "
                              "sampled it.")
-    engine: str = opt("hf", "Teacher engine: hf (exact, any ids) or vllm (prompt_logprobs: sampled token and own top-k).",
+    engine: str = opt("hf", "Teacher engine: hf (exact, any ids) or vllm (prompt_logprobs: sampled token "
+                      "and own top-k).",
                       choices=("hf", "vllm"))
     student_tokenizer: str | None = opt(None, "Tokenizer the records' ids come from [default: records' policy.model].")
     token_budget: int = opt(16384, "Padded tokens per teacher forward (batch size x longest sequence).")
@@ -86,7 +89,8 @@ class ScoreConfig:
             raise ConfigError("nothing to score: give --teacher NAME=MODEL, --shift post=M,pre=M or --reward math")
         if self.topk and self.at_student_topk:
             raise ConfigError("--topk and --at-student-topk are exclusive (own top-k or the student's ids)")
-        for name in ("topk", "shift_k", "token_budget", "window", "logit_chunk", "shard_size", "grade_workers", "data_parallel"):
+        for name in ("topk", "shift_k", "token_budget", "window", "logit_chunk", "shard_size", "grade_workers",
+                     "data_parallel"):
             value = getattr(self, name)
             if value < (0 if name == "topk" else 1):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= {0 if name == 'topk' else 1}, got {value}")

@@ -68,5 +68,6 @@ def run(config, inputs: list[str], writer, sources: list[InputSource] | None = N
             bar.update(len(window))
             bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
     seconds = time.perf_counter() - t0
-    log.info("%d records, %d response tokens in %.1f s (%.0f tok/s)", count, tokens, seconds, tokens / max(seconds, 1e-9))
+    log.info("%d records, %d response tokens in %.1f s (%.0f tok/s)", count, tokens, seconds,
+             tokens / max(seconds, 1e-9))
     return 0

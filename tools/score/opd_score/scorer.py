@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from opd_common.errors import ConfigError, RecordError
+from opd_common.prompts import AS_IS, Template, load
 from opd_common.records import Where
 
 from .follow import adapters_for, by_adapter
 from .teacher_hf import Sequence
-from opd_common.prompts import AS_IS, Template, load
 
 log = logging.getLogger("opd-score")
 

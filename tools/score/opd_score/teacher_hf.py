@@ -71,7 +71,7 @@ class HfTeacher:
         self._setup(lm, config, device)
 
     @classmethod
-    def from_lm(cls, lm, config, device: str) -> "HfTeacher":
+    def from_lm(cls, lm, config, device: str) -> HfTeacher:
         """Wrap a model already in memory (benchmarks, in-process use)."""
         self = cls.__new__(cls)
         self._setup(lm, config, device)
@@ -157,7 +157,8 @@ class HfTeacher:
             rows_N = torch.from_numpy(np.concatenate(rows)).to(self.device)
             cols_N = torch.from_numpy(np.concatenate(cols)).to(self.device)
             hidden_NH = hidden_BLH[rows_N, cols_N]
-            targets_N = torch.from_numpy(np.concatenate([s.response_ids for s in seqs]).astype(np.int64)).to(self.device)
+            targets_N = torch.from_numpy(
+                np.concatenate([s.response_ids for s in seqs]).astype(np.int64)).to(self.device)
             at_NK = None
             if seqs[0].at_ids is not None:
                 at_NK = torch.from_numpy(np.concatenate([s.at_ids for s in seqs]).astype(np.int64)).to(self.device)

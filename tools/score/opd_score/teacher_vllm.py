@@ -33,7 +33,8 @@ class VllmTeacher:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=np.concatenate([s.context_ids, s.response_ids]).tolist()) for s in seqs]
+        prompts = [TokensPrompt(prompt_token_ids=np.concatenate([s.context_ids, s.response_ids]).tolist())
+                   for s in seqs]
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=topk)
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [self._scores(s, o.prompt_logprobs, topk) for s, o in zip(seqs, outputs, strict=True)]
