@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from opd_common.config import opt
 from opd_common.errors import ConfigError
 
-LOSSES = ("sft", "rkl", "fkl", "shift", "grpo", "dapo")
+from .objectives import OBJECTIVES
+
+LOSSES = tuple(OBJECTIVES)  # sft, rkl, fkl, shift, grpo, dapo
 DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -101,15 +103,7 @@ class TrainConfig:
             raise ConfigError(f"--discount must be in [0, 1], got {self.discount}")
         if self.ratio_clip is not None and self.ratio_clip <= 0:
             raise ConfigError(f"--ratio-clip must be > 0, got {self.ratio_clip}")
-        if self.self_teacher and self.loss != "fkl":
-            raise ConfigError("--self-teacher goes with --loss fkl (the full-vocabulary forward KL)")
-        if self.loss in ("grpo", "dapo"):
-            if self.batch_groups is None:
-                raise ConfigError(f"--loss {self.loss} needs --batch-groups (advantages are normalized within groups)")
-            if self.clip_high is None:
-                self.clip_high = 0.28 if self.loss == "dapo" else self.clip_low
-            if self.dynamic_sampling is None:
-                self.dynamic_sampling = self.loss == "dapo"
+        self._objective_options()
         for name in ("clip_low", "clip_high", "kl_coef"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -134,3 +128,17 @@ class TrainConfig:
             from .distributed import fsdp_settings
 
             fsdp_settings()
+
+    def _objective_options(self) -> None:
+        """What --loss's registry entry (objectives.py) requires of the other options, and its defaults."""
+        obj = OBJECTIVES.get(self.loss)
+        if obj is None:
+            raise ConfigError(f"--loss {self.loss!r}: choose one of {', '.join(OBJECTIVES)} (docs/losses.md)")
+        if self.self_teacher and obj.with_self_teacher is None:
+            losses = " or ".join(name for name, o in OBJECTIVES.items() if o.with_self_teacher is not None)
+            raise ConfigError(f"--self-teacher goes with --loss {losses} (the full-vocabulary forward KL)")
+        if obj.group_advantages and self.batch_groups is None:
+            raise ConfigError(f"--loss {self.loss} needs --batch-groups (advantages are normalized within groups)")
+        for name, default in obj.defaults:
+            if getattr(self, name) is None:
+                setattr(self, name, default(self))

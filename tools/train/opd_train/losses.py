@@ -1,4 +1,5 @@
-"""The objectives of DESIGN.md section 5 as pure functions (tensors in, LossOutput out).
+"""The objectives of docs/losses.md as pure functions (tensors in, LossOutput out); objectives.py says which
+loss each `--loss` calls, with which tensors and options (docs/architecture.md, Objectives).
 
 Conventions, shared by every loss:
 
