@@ -1,6 +1,6 @@
 """opd-train's step on a Qwen3-1.7B-shaped model (random weights): tokens/s, MFU, peak memory.
 
-The trainer's own code (`opd_train.run.Trainer.train_step` with `opd_train.model.Student`): LoRA r64
+The trainer's own code (`opd_train.trainer.Trainer.train_step` with `opd_train.model.Student`): LoRA r64
 (alpha 128) on all seven projections, records of --prompt-len + 1024 response tokens with top-16
 teacher ids and log-probs, `--loss fkl` (top-16 with the tail bucket, clip 0.05), AdamW, one
 optimizer step per --records records, at several --micro-batch-tokens sizes, eager and compiled.
@@ -46,7 +46,7 @@ def main() -> int:
     from bench_score_gpu import model_config
     from opd_train.config import TrainConfig
     from opd_train.data import Example
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -80,8 +80,7 @@ def main() -> int:
                               micro_batch_tokens=micro * (args.prompt_len + args.response_len), logit_chunk=args.logit_chunk,
                               lora_r=64, lora_alpha=128, lr=1e-5, compile="compile" in variant,
                               gradient_checkpointing="ckpt" in variant)
-            trainer = Trainer.__new__(Trainer)
-            trainer.setup(cfg, None, device=device, lm=lm)
+            trainer = Trainer(cfg, device=device, lm=lm)
             row = {"variant": variant, "micro_batch_records": micro, "logit_chunk": args.logit_chunk, "parameters": params}
             try:
                 t_warm = time.perf_counter()

@@ -142,7 +142,7 @@ def test_resume_gives_the_same_steps_bit_for_bit(interleaved, tiny_model, tmp_pa
     """Stopped (Ctrl-C) during step 3 after checkpoint 2, then --resume: the metrics of every step and
     the final adapter equal an uninterrupted run's exactly (CPU). LoRA dropout is on, so the RNG
     state must come back too, and the checkpoint holds records of incomplete groups."""
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     args = [*base_args(tiny_model, None), "--loss", loss, "--max-steps", "4", "--batch-groups", "2",
             "--save-every", "2", "--lora-dropout", "0.1", "--micro-batch-tokens", "200", str(interleaved)]
@@ -241,12 +241,11 @@ def step_gradients(model: Path, scored: Path, loss: str, micro_batch_tokens: int
     from opd_common.streams import iter_inputs
     from opd_train.config import TrainConfig
     from opd_train.data import make_example, micro_batches
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     config = TrainConfig(model=str(model), out="unused", loss=loss, max_steps=1, batch_size=8, lr=1e-3, lora_r=4,
                          lora_alpha=8, micro_batch_tokens=micro_batch_tokens, logit_chunk=logit_chunk)
-    trainer = Trainer.__new__(Trainer)
-    trainer.setup(config, None, device="cpu")
+    trainer = Trainer(config, device="cpu")
     items = [item for item, _ in zip(iter_inputs([str(scored)]), range(8))]
     examples = sorted((make_example(rec, where, config) for rec, where in items), key=lambda e: -e.length)
     cuts = micro_batches(examples, micro_batch_tokens)
@@ -264,12 +263,11 @@ def test_a_background_checkpoint_holds_the_weights_of_its_step_as_peft_writes_th
     from safetensors.torch import load_file
 
     from opd_train.config import TrainConfig
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     config = TrainConfig(model=str(tiny_model), out=str(tmp_path / "run"), loss="sft", max_steps=2, batch_size=2,
                          lora_r=4, lora_alpha=8)
-    trainer = Trainer.__new__(Trainer)
-    trainer.setup(config, tmp_path / "run", device="cpu")
+    trainer = Trainer(config, tmp_path / "run", device="cpu")
     (tmp_path / "run").mkdir()
     with torch.no_grad():
         for name, param in trainer.student.peft.named_parameters():

@@ -30,11 +30,13 @@ def train(inputs, config_file, **flags):
     gets config.json, metrics.jsonl and checkpoint-NNNNNN/ folders (peft adapters) with a
     `latest` pointer; --resume continues exactly where the last checkpoint left off.
     """
+    from .publishing import PublishOnSave
     from .run import run
 
     config = build(TrainConfig, config_file, flags)
     setup_logging(config.quiet)
-    raise SystemExit(run(config, list(inputs) or ["-"]))
+    on_save = PublishOnSave(config.publish, config.quiet) if config.publish else None  # opd-publish push
+    raise SystemExit(run(config, list(inputs) or ["-"], on_save=on_save))
 
 
 def main(argv: list[str] | None = None):

@@ -103,7 +103,8 @@ def teacher_block(rec: dict, where: Where, config) -> tuple[str, dict]:
                               "score it with opd-score --teacher NAME=MODEL, or pick one with --teacher NAME")
         name = next(iter(teachers))
     if name not in teachers:
-        raise RecordError(f"{where}: no teachers.{name} block (the record has {', '.join(sorted(teachers)) or 'none'}); "
+        have = ", ".join(sorted(teachers)) or "none"
+        raise RecordError(f"{where}: no teachers.{name} block (the record has {have}); "
                           "check --teacher or score the records with opd-score --teacher")
     return name, teachers[name]
 
