@@ -266,11 +266,3 @@ def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N:
             loss = loss + kl_coef * k3
         metrics["k3"] = k3.detach()
     return LossOutput(loss, metrics)
-
-
-def l2(logits_NV: torch.Tensor, targets_N: torch.Tensor, teacher_logp_N: torch.Tensor, num_tokens: int) -> LossOutput:
-    """Squared log-prob gap at the sampled token: d_t = log p_S(y_t) - log p_T(y_t),
-    loss = sum_t d_t^2 / (2 #tokens), gradient sum_t d_t grad log p_S(y_t) / #tokens. Metric: l2."""
-    d_N = token_logprobs(logits_NV, targets_N) - teacher_logp_N.float()
-    loss = (d_N * d_N).sum() / (2 * num_tokens)
-    return LossOutput(loss, {"l2": loss.detach()})

@@ -193,6 +193,4 @@ OBJECTIVES: dict[str, Objective] = {obj.name: obj for obj in [
               reference=lambda c: True, adaptive_beta=True),
     Objective("grpo", **_RL, defaults=(("clip_high", lambda c: c.clip_low), ("dynamic_sampling", lambda c: False))),
     Objective("dapo", **_RL, defaults=(("clip_high", lambda c: 0.28), ("dynamic_sampling", lambda c: True))),
-    Objective("l2", reads=("logprobs", "teachers.NAME.logprobs"), build=_build_rkl, compact="targets_N",
-              call=Call("l2", ("targets_N", "teacher_logp", "num_tokens"))),
 ]}
