@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO := out/demo
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 $(BIN)/opd-rollout: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: setup
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/python scripts/import_graph.py --check
 
 bench: setup
 	$(BIN)/python benchmarks/bench_io.py

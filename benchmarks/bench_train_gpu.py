@@ -1,6 +1,6 @@
 """opd-train's step on a Qwen3-1.7B-shaped model (random weights): tokens/s, MFU, peak memory.
 
-The trainer's own code (`opd_train.run.Trainer.train_step` with `opd_train.model.Student`): LoRA r64
+The trainer's own code (`opd_train.trainer.Trainer.train_step` with `opd_train.model.Student`): LoRA r64
 (alpha 128) on all seven projections, records of --prompt-len + 1024 response tokens with top-16
 teacher ids and log-probs, `--loss fkl` (top-16 with the tail bucket, clip 0.05), AdamW, one
 optimizer step per --records records, at several --micro-batch-tokens sizes, eager and compiled.
@@ -44,9 +44,10 @@ def main() -> int:
 
     sys.path.insert(0, "benchmarks")
     from bench_score_gpu import model_config
+
     from opd_train.config import TrainConfig
     from opd_train.data import Example
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     device = "cuda" if torch.cuda.is_available() and not args.tiny else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -61,7 +62,8 @@ def main() -> int:
         logp = logits - np.log(np.exp(logits).sum(1, keepdims=True)) - 0.5  # 16 ids holding ~60% of the mass
         return Example(id=str(i), prompt_id=str(i), prompt_ids=rng.integers(0, V, args.prompt_len),
                        response_ids=rng.integers(0, V, args.response_len),
-                       tokens={"ids": rng.integers(0, V, (args.response_len, 16)), "teacher_logp": logp.astype(np.float32)})
+                       tokens={"ids": rng.integers(0, V, (args.response_len, 16)),
+                               "teacher_logp": logp.astype(np.float32)})
 
     examples = [example(i) for i in range(args.records)]
     tokens = args.records * args.response_len
@@ -77,12 +79,13 @@ def main() -> int:
                 lm = Qwen3ForCausalLM(config).to(dtype)
             params = sum(p.numel() for p in lm.parameters())
             cfg = TrainConfig(model="(random)", out="(none)", loss="fkl", max_steps=10**6, batch_size=args.records,
-                              micro_batch_tokens=micro * (args.prompt_len + args.response_len), logit_chunk=args.logit_chunk,
+                              micro_batch_tokens=micro * (args.prompt_len + args.response_len),
+                              logit_chunk=args.logit_chunk,
                               lora_r=64, lora_alpha=128, lr=1e-5, compile="compile" in variant,
                               gradient_checkpointing="ckpt" in variant)
-            trainer = Trainer.__new__(Trainer)
-            trainer.setup(cfg, None, device=device, lm=lm)
-            row = {"variant": variant, "micro_batch_records": micro, "logit_chunk": args.logit_chunk, "parameters": params}
+            trainer = Trainer(cfg, device=device, lm=lm)
+            row = {"variant": variant, "micro_batch_records": micro, "logit_chunk": args.logit_chunk,
+                   "parameters": params}
             try:
                 t_warm = time.perf_counter()
                 trainer.train_step(examples)  # warm-up (and compilation)

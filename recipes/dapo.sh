@@ -11,7 +11,7 @@
 #     | opd-score --reward math --grader integer --require-stop --max-response-tokens L --overlong-buffer B
 #     | opd-train --loss dapo --kl-coef 0.01 --batch-groups G --max-staleness 0
 #
-# Seed hyper-parameters (DESIGN.md sections 5, 6)      this recipe (flag, default)
+# Seed hyper-parameters (docs/architecture.md, seeds) this recipe (flag, default)
 #   Qwen3-4B-Instruct-2507 + LoRA r16 / alpha 32       --model Qwen/Qwen3-4B-Instruct-2507, --lora-r 16, --lora-alpha 32
 #   non-thinking, context 8192                         --thinking off, --max-model-len 8192 (vllm),
 #                                                      --max-tokens 7168 (response; leaves 1024 for the prompt)

@@ -10,7 +10,7 @@
 #   opd-rollout --follow OUT --max-lag 0 --topk-logprobs 16 | opd-score --shift post=POST,pre=PRE --shift-k 16
 #     | opd-train --loss shift
 #
-# Seed hyper-parameters (DESIGN.md section 6)          this recipe (flag, default)
+# Seed hyper-parameters (docs/architecture.md, seeds) this recipe (flag, default)
 #   student Qwen2.5-7B-Instruct                        --model Qwen/Qwen2.5-7B-Instruct
 #   T 1.0, 3328 response tokens                        --temperature 1.0, --max-tokens 3328
 #   shift post - pre at the student's top-16           --post, --pre (required), --shift-k 16,

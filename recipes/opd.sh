@@ -7,7 +7,7 @@
 # Pipeline (sampling one step ahead of training):
 #   opd-rollout --follow OUT --max-lag 1 | opd-score --teacher t=TEACHER | opd-train --loss rkl --max-staleness 1
 #
-# Seed hyper-parameters (DESIGN.md section 6)          this recipe (flag, default)
+# Seed hyper-parameters (docs/architecture.md, seeds) this recipe (flag, default)
 #   any student                                        --model Qwen/Qwen3-1.7B
 #   external teacher on the sampled tokens             --teacher (required; same tokenizer as the student)
 #   rkl (sampled-token reverse KL), per-token          --loss rkl, --discount 0 (opd-train default)

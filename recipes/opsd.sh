@@ -9,7 +9,7 @@
 # Pipeline (no opd-score stage: the trainer computes the teacher itself):
 #   opd-rollout --follow OUT --max-lag 1 | opd-train --loss fkl --self-teacher opsd --max-staleness 1
 #
-# Seed hyper-parameters (DESIGN.md section 6)          this recipe (flag, default)
+# Seed hyper-parameters (docs/architecture.md, seeds) this recipe (flag, default)
 #   student Qwen3-1.7B + LoRA r64 / alpha 128          --model Qwen/Qwen3-1.7B, --lora-r 64, --lora-alpha 128
 #   rollouts non-thinking, T 1.1, top-p 0.95, top-k 20 --thinking off --temperature 1.1 --top-p 0.95 --top-k 20
 #   1024 response tokens                               --max-tokens 1024

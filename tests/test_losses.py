@@ -1,4 +1,4 @@
-"""opd_train.losses against references written here from DESIGN.md section 5, independently of
+"""opd_train.losses against references written here from docs/architecture.md ("Objectives"), independently of
 the torch code: plain Python loops over small tensors (V = 7, N = 3) in float64, from the
 equations, values and gradients. Plus the invariants: chunk (micro-batch) invariance, zero for
 identical distributions, bf16 logits, gradchecks of the analytic shift gradient."""

@@ -1,5 +1,5 @@
 """opd_train.losses GRPO / DAPO pieces (group_advantages, ppo_clip, dynamic_sampling_keep) against
-references written here from the spec (DESIGN.md section 5, `grpo` / `dapo`), independently of the
+references written here from the spec (docs/architecture.md "Objectives", `grpo` / `dapo`), independently of the
 torch code: plain Python loops over small tensors (V = 6, N = 7) in float64, values, metrics and
 gradients. Each ppo_clip token is placed (through its behaviour log-prob) in one regime of the
 clipped objective, and the regimes are also asserted by hand. Plus the invariants: chunk

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
-from opd_train import cli
 from test_rollout import load_model, ok, parse, rollout
 from test_score import score
+
+from opd_train import cli
 
 TIMING = {"step_time", "tokens_per_s"}
 
@@ -34,7 +34,7 @@ def scored(tiny_model, tiny_teacher, tmp_path_factory) -> Path:
 
 
 def train(*args: str, input: bytes | None = None):
-    return CliRunner().invoke(cli.train, ["--quiet", *args], input=input)
+    return CliRunner().invoke(cli.command, ["--quiet", *args], input=input)
 
 
 def base_args(model: Path, out: Path | None, *extra: str) -> list[str]:
@@ -142,7 +142,7 @@ def test_resume_gives_the_same_steps_bit_for_bit(interleaved, tiny_model, tmp_pa
     """Stopped (Ctrl-C) during step 3 after checkpoint 2, then --resume: the metrics of every step and
     the final adapter equal an uninterrupted run's exactly (CPU). LoRA dropout is on, so the RNG
     state must come back too, and the checkpoint holds records of incomplete groups."""
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     args = [*base_args(tiny_model, None), "--loss", loss, "--max-steps", "4", "--batch-groups", "2",
             "--save-every", "2", "--lora-dropout", "0.1", "--micro-batch-tokens", "200", str(interleaved)]
@@ -241,13 +241,12 @@ def step_gradients(model: Path, scored: Path, loss: str, micro_batch_tokens: int
     from opd_common.streams import iter_inputs
     from opd_train.config import TrainConfig
     from opd_train.data import make_example, micro_batches
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     config = TrainConfig(model=str(model), out="unused", loss=loss, max_steps=1, batch_size=8, lr=1e-3, lora_r=4,
                          lora_alpha=8, micro_batch_tokens=micro_batch_tokens, logit_chunk=logit_chunk)
-    trainer = Trainer.__new__(Trainer)
-    trainer.setup(config, None, device="cpu")
-    items = [item for item, _ in zip(iter_inputs([str(scored)]), range(8))]
+    trainer = Trainer(config, device="cpu")
+    items = [item for item, _ in zip(iter_inputs([str(scored)]), range(8), strict=False)]
     examples = sorted((make_example(rec, where, config) for rec, where in items), key=lambda e: -e.length)
     cuts = micro_batches(examples, micro_batch_tokens)
     assert (len(cuts) > 1) == (micro_batch_tokens < 1000)
@@ -264,12 +263,11 @@ def test_a_background_checkpoint_holds_the_weights_of_its_step_as_peft_writes_th
     from safetensors.torch import load_file
 
     from opd_train.config import TrainConfig
-    from opd_train.run import Trainer
+    from opd_train.trainer import Trainer
 
     config = TrainConfig(model=str(tiny_model), out=str(tmp_path / "run"), loss="sft", max_steps=2, batch_size=2,
                          lora_r=4, lora_alpha=8)
-    trainer = Trainer.__new__(Trainer)
-    trainer.setup(config, tmp_path / "run", device="cpu")
+    trainer = Trainer(config, tmp_path / "run", device="cpu")
     (tmp_path / "run").mkdir()
     with torch.no_grad():
         for name, param in trainer.student.peft.named_parameters():
@@ -314,12 +312,14 @@ def test_checkpoint_loads_with_peft_and_matches_the_trained_student(scored, tiny
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--loss", "rkl", "--max-steps", "1"], "Error: give exactly one of --batch-groups (prompt groups per step) or --batch-size (records)\n"),
+    (["--loss", "rkl", "--max-steps", "1"], "Error: give exactly one of --batch-groups (prompt groups per step) "
+     "or --batch-size (records)\n"),
     (["--loss", "rkl", "--batch-size", "2"], "Error: --max-steps is required and must be >= 1, got None\n"),
     (["--loss", "sft", "--batch-size", "2", "--max-steps", "1", "--self-teacher", "opsd"],
      "Error: --self-teacher goes with --loss fkl (the full-vocabulary forward KL)\n"),
     (["--loss", "fkl", "--batch-size", "2", "--max-steps", "1", "--teacher", "nope"],
-     "Error: record 1 of {path}: no teachers.nope block (the record has t); check --teacher or score the records with opd-score --teacher\n"),
+     "Error: record 1 of {path}: no teachers.nope block (the record has t); "
+     "check --teacher or score the records with opd-score --teacher\n"),
 ])
 def test_flag_and_record_errors(scored, tiny_model, tmp_path, args, expected):
     result = train("--model", str(tiny_model), "--out", str(tmp_path / "run"), *args, str(scored))
@@ -341,8 +341,8 @@ def test_metrics_stdout_and_stdin(scored, tiny_model, tmp_path):
                                  "--metrics-stdout"), input=scored.read_bytes()))
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["step"] for r in lines] == [1, 2]
-    quiet = ok(train(*base_args(tiny_model, tmp_path / "run2", "--loss", "sft", "--max-steps", "1", "--batch-size", "4"),
-                     input=scored.read_bytes()))
+    quiet = ok(train(*base_args(tiny_model, tmp_path / "run2", "--loss", "sft", "--max-steps", "1",
+                                "--batch-size", "4"), input=scored.read_bytes()))
     assert quiet.stdout == ""
 
 
@@ -390,8 +390,8 @@ def test_two_ranks_under_accelerate_launch_match_one_process(scored, tiny_model,
     curve and the final adapter equal one process's with the same global batch. The 300-token micro-batches
     give the ranks 3 and 2 passes (FSDP: the second makes a third at weight 0, as every pass gathers weights).
     Data parallel reads stdin (rank 0 reads the pipe and sends the batches), FSDP a file."""
-    args = [*base_args(tiny_model, None, "--loss", "shift", "--max-steps", "3", "--batch-size", "5", "--save-every", "2",
-                       "--micro-batch-tokens", "300"), "--device", "cpu", "--quiet", "--out"]
+    args = [*base_args(tiny_model, None, "--loss", "shift", "--max-steps", "3", "--batch-size", "5",
+                       "--save-every", "2", "--micro-batch-tokens", "300"), "--device", "cpu", "--quiet", "--out"]
     ok(train(*args, str(tmp_path / "one"), str(scored)))
     source, stdin = ("-", scored.read_bytes()) if kind == "ddp" else (str(scored), b"")
     done = launch(tmp_path, kind, *args, str(tmp_path / "two"), source, stdin=stdin)
@@ -434,7 +434,8 @@ def test_two_ranks_resume_and_a_rank_without_records(scored, tiny_model, tmp_pat
 def test_fsdp_settings_it_cannot_honour_fail_before_the_run_dir(scored, tiny_model, tmp_path, setting, expected):
     run_dir = tmp_path / "run"
     done = launch(tmp_path, "fsdp", *base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "1",
-                                               "--batch-size", "2"), "--device", "cpu", "--quiet", str(scored), **setting)
+                                               "--batch-size", "2"),
+                  "--device", "cpu", "--quiet", str(scored), **setting)
     assert done.returncode != 0
     assert f"Error: {expected}\n" in done.stderr, done.stderr[-3000:]  # (the launcher may stop the other rank first)
     assert not run_dir.exists()
@@ -443,8 +444,8 @@ def test_fsdp_settings_it_cannot_honour_fail_before_the_run_dir(scored, tiny_mod
 def test_publish_each_checkpoint_as_it_is_saved_and_stop_when_it_fails(scored, tiny_model, tmp_path):
     mirror = tmp_path / "mirror"
     run_dir = tmp_path / "run"
-    ok(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--batch-size", "4", "--save-every", "1",
-                        "--publish", f"file://{mirror}"), str(scored)))
+    ok(train(*base_args(tiny_model, run_dir, "--loss", "sft", "--max-steps", "2", "--batch-size", "4",
+                        "--save-every", "1", "--publish", f"file://{mirror}"), str(scored)))
     index = json.loads((mirror / "checkpoint_index.json").read_text())
     assert sorted(c["step"] for c in index["checkpoints"]) == [1, 2]
     assert adapter_bytes(mirror / "checkpoint-000002") == adapter_bytes(run_dir / "checkpoint-000002")
@@ -509,19 +510,20 @@ def test_dynamic_sampling_bound_fails_the_step_cleanly(scored, tiny_model, tmp_p
     result = train(*base_args(tiny_model, tmp_path / "run", "--loss", "dapo", "--max-steps", "1", "--batch-groups", "2",
                               "--max-candidate-batches", "2"), str(path))
     assert error_of(result) == (
-        f"Error: dynamic sampling dropped 4 complete groups (all correct or all wrong) without filling this step's 2 "
+        "Error: dynamic sampling dropped 4 complete groups (all correct or all wrong) without filling this step's 2 "
         "(--max-candidate-batches 2); the step is not trained. Sample prompts of mixed difficulty or more samples "
         "per group, or raise the bound, then --resume\n")
     assert not (tmp_path / "run" / "metrics.jsonl").read_text()
 
 
 def test_grpo_needs_groups_and_rewards(scored, tiny_model, tmp_path):
-    assert error_of(train(*base_args(tiny_model, tmp_path / "a", "--loss", "grpo", "--max-steps", "1", "--batch-size", "2"),
-                          str(scored))) == (
+    assert error_of(train(*base_args(tiny_model, tmp_path / "a", "--loss", "grpo", "--max-steps", "1",
+                                     "--batch-size", "2"), str(scored))) == (
         "Error: --loss grpo needs --batch-groups (advantages are normalized within groups)\n")
-    assert error_of(train(*base_args(tiny_model, tmp_path / "b", "--loss", "grpo", "--max-steps", "1", "--batch-groups", "1"),
-                          str(scored))) == (
-        f"Error: record 1 of {scored.name}: no reward.total, which --loss grpo reads; score with opd-score --reward math\n")
+    assert error_of(train(*base_args(tiny_model, tmp_path / "b", "--loss", "grpo", "--max-steps", "1",
+                                     "--batch-groups", "1"), str(scored))) == (
+        f"Error: record 1 of {scored.name}: no reward.total, which --loss grpo reads; "
+        "score with opd-score --reward math\n")
 
 
 @pytest.mark.parametrize("batching", [["--batch-size", "4"], ["--batch-groups", "2"]])

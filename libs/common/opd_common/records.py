@@ -1,6 +1,6 @@
 """The opd record: one JSON object per line, one record = one sampled response to one prompt.
 
-This module is the single place that states the record contract (DESIGN.md section 2) as code.
+This module is the single place that states the record contract (docs/architecture.md, "Records") as code.
 
 Token alignment (the one rule every tool relies on)
 ---------------------------------------------------

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from opd_common.config import opt
 from opd_common.errors import ConfigError
 
-LOSSES = ("sft", "rkl", "fkl", "shift", "grpo", "dapo")
+from .objectives import OBJECTIVES
+
+LOSSES = tuple(OBJECTIVES)  # sft, rkl, fkl, shift, grpo, dapo
 DEFAULT_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -18,7 +20,8 @@ class TrainConfig:
     revision: str | None = opt(None, "Student model revision.")
     out: str | None = opt(None, "Run directory: config.json, metrics.jsonl, checkpoint-NNNNNN/, latest (required).")
     loss: str = opt("rkl", "Objective (docs/losses.md).", choices=LOSSES)
-    max_steps: int | None = opt(None, "Hard budget: exactly this many optimizer steps, also across --resume (required).")
+    max_steps: int | None = opt(None, "Hard budget: exactly this many optimizer steps, also across --resume "
+                                      "(required).")
     allow_short: bool = opt(False, "Accept input that ends before --max-steps (otherwise an error).")
     # batching
     batch_groups: int | None = opt(None, "Groups (all samples of one prompt_id) per optimizer step.")
@@ -101,15 +104,7 @@ class TrainConfig:
             raise ConfigError(f"--discount must be in [0, 1], got {self.discount}")
         if self.ratio_clip is not None and self.ratio_clip <= 0:
             raise ConfigError(f"--ratio-clip must be > 0, got {self.ratio_clip}")
-        if self.self_teacher and self.loss != "fkl":
-            raise ConfigError("--self-teacher goes with --loss fkl (the full-vocabulary forward KL)")
-        if self.loss in ("grpo", "dapo"):
-            if self.batch_groups is None:
-                raise ConfigError(f"--loss {self.loss} needs --batch-groups (advantages are normalized within groups)")
-            if self.clip_high is None:
-                self.clip_high = 0.28 if self.loss == "dapo" else self.clip_low
-            if self.dynamic_sampling is None:
-                self.dynamic_sampling = self.loss == "dapo"
+        self._objective_options()
         for name in ("clip_low", "clip_high", "kl_coef"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -125,7 +120,8 @@ class TrainConfig:
         if self.max_candidate_batches < 1:
             raise ConfigError(f"--max-candidate-batches must be >= 1, got {self.max_candidate_batches}")
         if not 0.5 <= self.beta_init <= 2.5:
-            raise ConfigError(f"--beta-init must be in [0.5, 2.5] (the adaptive coefficient's clamp), got {self.beta_init}")
+            raise ConfigError(f"--beta-init must be in [0.5, 2.5] (the adaptive coefficient's clamp), "
+                              f"got {self.beta_init}")
         if not 0 <= self.beta_eps < 1:
             raise ConfigError(f"--beta-eps must be in [0, 1), got {self.beta_eps}")
         if self.warmup_steps < 0:
@@ -134,3 +130,17 @@ class TrainConfig:
             from .distributed import fsdp_settings
 
             fsdp_settings()
+
+    def _objective_options(self) -> None:
+        """What --loss's registry entry (objectives.py) requires of the other options, and its defaults."""
+        obj = OBJECTIVES.get(self.loss)
+        if obj is None:
+            raise ConfigError(f"--loss {self.loss!r}: choose one of {', '.join(OBJECTIVES)} (docs/losses.md)")
+        if self.self_teacher and obj.with_self_teacher is None:
+            losses = " or ".join(name for name, o in OBJECTIVES.items() if o.with_self_teacher is not None)
+            raise ConfigError(f"--self-teacher goes with --loss {losses} (the full-vocabulary forward KL)")
+        if obj.group_advantages and self.batch_groups is None:
+            raise ConfigError(f"--loss {self.loss} needs --batch-groups (advantages are normalized within groups)")
+        for name, default in obj.defaults:
+            if getattr(self, name) is None:
+                setattr(self, name, default(self))

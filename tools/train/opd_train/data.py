@@ -38,59 +38,17 @@ class Example:
         return len(self.teacher_context) + len(self.response_ids)
 
 
-def _block(rec: dict, where: Where, name: str | None, loss: str) -> tuple[str, dict]:
-    teachers = rec.get("teachers") or {}
-    if name is None:
-        if len(teachers) != 1:
-            have = ", ".join(sorted(teachers)) or "none"
-            raise RecordError(f"{where}: --loss {loss} needs one teacher block, the record has {have}; "
-                              "score it with opd-score --teacher NAME=MODEL, or pick one with --teacher NAME")
-        name = next(iter(teachers))
-    if name not in teachers:
-        raise RecordError(f"{where}: no teachers.{name} block (the record has {', '.join(sorted(teachers)) or 'none'}); "
-                          "check --teacher or score the records with opd-score --teacher")
-    return name, teachers[name]
-
-
 def make_example(rec: dict, where: Where, config, teacher_render=None) -> Example:
-    """Check that the record carries what --loss needs and pull it out (errors name the record and field)."""
+    """Check that the record carries what --loss needs and pull it out (errors name the record and field):
+    the objective's registry entry (objectives.py) builds the per-token arrays."""
+    from .objectives import objective
+
     ex = Example(id=rec["id"], prompt_id=rec["prompt_id"], prompt_ids=np.asarray(rec["prompt_ids"], np.int64),
                  response_ids=np.asarray(rec["response_ids"], np.int64))
     T = len(ex.response_ids)
     if T == 0:
         raise RecordError(f"{where}: response_ids is empty; nothing to train on (drop such records upstream)")
-    loss = config.loss
-    if loss == "rkl":
-        from .losses import rkl_advantages
-
-        name, block = _block(rec, where, config.teacher, loss)
-        import torch
-
-        adv = rkl_advantages(torch.tensor(np.asarray(block["logprobs"], np.float32)),
-                             torch.tensor(np.asarray(rec["logprobs"], np.float32)), config.discount)
-        ex.tokens.update(behaviour_logp=np.asarray(rec["logprobs"], np.float32), advantage=adv.numpy(),
-                         teacher_logp=np.asarray(block["logprobs"], np.float32))
-    elif loss == "fkl" and teacher_render is not None:
-        ex.teacher_context = np.asarray(teacher_render(rec, where), np.int64)
-        ex.tokens["behaviour_logp"] = np.asarray(rec["logprobs"], np.float32)  # the "ratio" metric only
-    elif loss == "fkl":
-        name, block = _block(rec, where, config.teacher, loss)
-        if block.get("topk_ids") is None or block.get("topk_logprobs") is None:
-            raise RecordError(f"{where}: teachers.{name} has no topk_ids/topk_logprobs, which --loss fkl reads; "
-                              "score with opd-score --topk K or --at-student-topk, or use --self-teacher")
-        ex.tokens.update(ids=np.asarray(block["topk_ids"], np.int64), teacher_logp=np.asarray(block["topk_logprobs"], np.float32))
-    elif loss in ("grpo", "dapo"):
-        reward = rec.get("reward")
-        if not isinstance(reward, dict) or not isinstance(reward.get("total"), (int, float)):
-            raise RecordError(f"{where}: no reward.total, which --loss {loss} reads; score with opd-score --reward math")
-        ex.reward = float(reward["total"])
-        ex.tokens["behaviour_logp"] = np.asarray(rec["logprobs"], np.float32)
-    elif loss == "shift":
-        shift = rec.get("shift")
-        if not shift:
-            raise RecordError(f"{where}: no shift block, which --loss shift reads; "
-                              "score with opd-score --shift post=MODEL,pre=MODEL")
-        ex.tokens.update(ids=np.asarray(shift["ids"], np.int64), delta=np.asarray(shift["delta"], np.float32))
+    objective(config).tokens(ex, rec, where, config, teacher_render)
     for key, arr in ex.tokens.items():
         if len(arr) != T:
             raise RecordError(f"{where}: {key} has {len(arr)} positions but response_ids has {T}")
@@ -202,7 +160,8 @@ def _correct(item: tuple[dict, Where]) -> float:
     rec, where = item
     reward = rec.get("reward")
     if not isinstance(reward, dict) or reward.get("correct") is None:
-        raise RecordError(f"{where}: no reward.correct, which dynamic sampling reads; score with opd-score --reward math")
+        raise RecordError(f"{where}: no reward.correct, which dynamic sampling reads; "
+                          "score with opd-score --reward math")
     return reward["correct"]
 
 

@@ -1,4 +1,5 @@
-"""The objectives of DESIGN.md section 5 as pure functions (tensors in, LossOutput out).
+"""The objectives of docs/losses.md as pure functions (tensors in, LossOutput out); objectives.py says which
+loss each `--loss` calls, with which tensors and options (docs/architecture.md, Objectives).
 
 Conventions, shared by every loss:
 
@@ -229,7 +230,8 @@ def dynamic_sampling_keep(correct_G) -> bool:
 
 def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
              advantage_N: torch.Tensor, num_tokens: int, *, clip_low: float = 0.2, clip_high: float = 0.28,
-             dual_clip: float | None = 10.0, ref_logp_N: torch.Tensor | None = None, kl_coef: float = 0.0) -> LossOutput:
+             dual_clip: float | None = 10.0, ref_logp_N: torch.Tensor | None = None,
+             kl_coef: float = 0.0) -> LossOutput:
     """GRPO/DAPO clipped surrogate (PPO with clip-higher and dual clip) plus an optional k3 KL.
 
     r_t = exp(log p_S(y_t) - log p_S_old(y_t)), A_t the group advantage of the token's response;

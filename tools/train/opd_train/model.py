@@ -10,13 +10,14 @@ With --compile, each chunk's LM head + loss is one torch.compile'd function (`ch
 loss's vocabulary-wide float32 work (log-softmax, logsumexp, gathers, their gradients) fuses into a
 few kernels over the bf16 logits instead of a dozen eager passes; it computes the same losses (the
 functions of losses.py, traced), with num_tokens and beta passed as tensors so that a new step's
-values do not recompile. For the losses that read the logits only at a few ids per position (fkl
-on top-k ids, and sft/rkl/grpo/dapo at the sampled token) the compiled function first compacts
-them (`compact_logits`): [N, V] -> [N, K + 1], the K ids' logits plus one column holding the
-logsumexp of the rest, which gives the loss the same log-probabilities, tail and gradient, in one
-fused pass over the vocabulary forward and one backward (no float32 [N, V] buffers). Metric
-contributions stay on the device (float64, as the eager sums were) until the micro-batch's
-backward has been queued: one host sync per micro-batch, not per chunk.
+values do not recompile. For the losses that read the logits only at a few ids per position (an
+objective's `compact` in objectives.py: fkl on top-k ids, and sft/rkl/grpo/dapo at the sampled
+token) the compiled function first compacts them (`compact_logits`): [N, V] -> [N, K + 1], the K
+ids' logits plus one column holding the logsumexp of the rest, which gives the loss the same
+log-probabilities, tail and gradient, in one fused pass over the vocabulary forward and one backward
+(no float32 [N, V] buffers). Metric contributions stay on the device (float64, as the eager sums
+were) until the micro-batch's backward has been queued: one host sync per micro-batch, not per
+chunk.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from opd_common.models import load_causal_lm, pick_dtype, use_gqa_attention
 
 from . import losses
 from .data import Example, collate
+from .objectives import objective
 
 
 def compact_logits(logits_NV, ids_NK, temperature: float = 1.0):
@@ -71,7 +73,8 @@ class _Compact(torch.autograd.Function):
         logits_NV, ids_NK, is_first_NK, rest_N = ctx.saved_tensors
         s_NV = logits_NV.float() / ctx.temperature
         outside_NV = _outside(ids_NK, s_NV.shape[-1])
-        grad_NV = torch.where(outside_NV, g_NB[:, -1:] * torch.exp(s_NV - rest_N.unsqueeze(-1)), 0.0).to(logits_NV.dtype)
+        grad_NV = torch.where(outside_NV, g_NB[:, -1:] * torch.exp(s_NV - rest_N.unsqueeze(-1)), 0.0)
+        grad_NV = grad_NV.to(logits_NV.dtype)
         # 0 at the ids, so adding g_k at first occurrences (0 at repeats) sets them exactly.
         g_NK = torch.where(is_first_NK, g_NB[:, :-1], 0.0).to(logits_NV.dtype)
         return grad_NV.scatter_add_(-1, ids_NK, g_NK), None, None, None
@@ -84,11 +87,13 @@ class Student:
         from peft import LoraConfig, get_peft_model
 
         self.config = config
+        self.objective = objective(config)
         self.device = device
         if lm is None:
             lm = load_causal_lm(config.model, config.revision, pick_dtype(config.dtype, device, config.model), device)
         use_gqa_attention(lm)
-        targets = "all-linear" if config.lora_targets == "all-linear" else [t.strip() for t in config.lora_targets.split(",")]
+        targets = ("all-linear" if config.lora_targets == "all-linear"
+                   else [t.strip() for t in config.lora_targets.split(",")])
         lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                           target_modules=targets, task_type="CAUSAL_LM")
         torch.manual_seed(config.seed)
@@ -143,7 +148,8 @@ class Student:
             targets = batch["targets_N"].to(self.device)
             chunk = self.config.logit_chunk
             with self.autocast():
-                parts = [losses.token_logprobs(self.head(h[s:s + chunk]), targets[s:s + chunk]) for s in range(0, h.shape[0], chunk)]
+                parts = [losses.token_logprobs(self.head(h[s:s + chunk]), targets[s:s + chunk])
+                         for s in range(0, h.shape[0], chunk)]
         import torch
 
         return torch.cat(parts)
@@ -152,13 +158,13 @@ class Student:
         """Forward + backward of one micro-batch; gradients accumulate. Returns summed metric contributions."""
         import torch
 
-        cfg = self.config
+        cfg, obj = self.config, self.objective
         batch = collate(examples, bucket=self.bucket)
         dev = {k: v.to(self.device) for k, v in batch.items() if k not in ("ids_BL",)}
         extra = {}
-        if cfg.loss == "shift" or (cfg.loss in ("grpo", "dapo") and cfg.kl_coef):
+        if obj.reference(cfg):
             extra["ref_logp"] = self.reference_logprobs(batch)
-        if cfg.loss == "fkl" and cfg.self_teacher:
+        if obj.self_teacher:
             with self.base_weights():
                 extra["teacher_h"] = self.hidden(collate(examples, context="teacher", bucket=self.bucket))
         if self.compiled:  # tensors, not Python numbers: a new step's values must not recompile chunk_loss
@@ -192,34 +198,28 @@ class Student:
         return out.loss, out.metrics
 
     def _compact(self, logits_NV, tok: dict):
-        """The compacted logits and ids (compact_logits) for losses that read a few ids per position."""
-        cfg = self.config
-        V = logits_NV.shape[-1]
-        if cfg.loss == "fkl" and not cfg.self_teacher and tok["ids"].shape[-1] < V:
-            compact_NB, ids_NK = compact_logits(logits_NV, tok["ids"], cfg.loss_temperature)
-            return compact_NB, {**tok, "ids": ids_NK}
-        if cfg.loss in ("sft", "rkl", "grpo", "dapo") and V > 1:
-            compact_NB, _ = compact_logits(logits_NV, tok["targets_N"].unsqueeze(-1))
-            return compact_NB, {**tok, "targets_N": torch.zeros_like(tok["targets_N"])}
-        return logits_NV, tok
+        """The compacted logits and ids (compact_logits) where the objective reads the logits at a few ids."""
+        key = self.objective.compact
+        if key is None:
+            return logits_NV, tok
+        ids = tok[key]
+        ids_NK = ids if ids.dim() == 2 else ids.unsqueeze(-1)  # [N] (the sampled tokens) or [N, K]
+        if ids_NK.shape[-1] >= logits_NV.shape[-1]:
+            return logits_NV, tok
+        compact_NB, first_NK = compact_logits(logits_NV, ids_NK, self.objective.temperature(self.config))
+        return compact_NB, {**tok, key: first_NK if ids.dim() == 2 else torch.zeros_like(ids)}
 
-    def _loss(self, logits_NV, tok: dict, extra: dict, num_tokens: int, beta: float):
-        cfg = self.config
-        if cfg.loss == "sft":
-            return losses.sft(logits_NV, tok["targets_N"], num_tokens)
-        if cfg.loss == "rkl":
-            return losses.rkl(logits_NV, tok["targets_N"], tok["behaviour_logp"], tok["advantage"], num_tokens,
-                              ratio_clip=cfg.ratio_clip, teacher_logp_N=tok["teacher_logp"])
-        if cfg.loss in ("grpo", "dapo"):
-            return losses.ppo_clip(logits_NV, tok["targets_N"], tok["behaviour_logp"], tok["advantage"], num_tokens,
-                                   clip_low=cfg.clip_low, clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-                                   ref_logp_N=extra.get("ref_logp"), kl_coef=cfg.kl_coef)
-        if cfg.loss == "fkl" and cfg.self_teacher:
-            out = losses.fkl_full(logits_NV, extra["teacher_logits"], num_tokens, temperature=cfg.loss_temperature,
-                                  clip=cfg.kl_clip)
-            out.metrics["ratio"] = losses.sampled_ratio(logits_NV, tok["targets_N"], tok["behaviour_logp"], num_tokens)
-            return out
-        if cfg.loss == "fkl":
-            return losses.fkl(logits_NV, tok["ids"], tok["teacher_logp"], num_tokens, temperature=cfg.loss_temperature,
-                              clip=cfg.kl_clip, tail=cfg.fkl_tail)
-        return losses.shift(logits_NV, tok["ids"], tok["delta"], tok["targets_N"], extra["ref_logp"], num_tokens, beta=beta)
+    def _loss(self, logits_NV, tok: dict, extra: dict, num_tokens, beta) -> losses.LossOutput:
+        """The objective's pure function of losses.py (and its extra metrics) on one chunk."""
+        chunk = {**tok, **extra, "num_tokens": num_tokens, "beta": beta}
+        out = call_loss(self.objective.call, logits_NV, chunk, self.config)
+        for name, call in self.objective.metrics:
+            out.metrics[name] = call_loss(call, logits_NV, chunk, self.config)
+        return out
+
+
+def call_loss(call, logits_NV, chunk: dict, config):
+    """losses.<call.fn> on a chunk's tensors and the config's options (objectives.Call)."""
+    fn = getattr(losses, call.fn)
+    kwargs = {key: chunk.get(name) for key, name in call.kwargs}
+    return fn(logits_NV, *[chunk[name] for name in call.args], **kwargs, **call.options(config))
