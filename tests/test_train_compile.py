@@ -75,3 +75,48 @@ def test_compiled_chunk_loss_matches_eager(tiny_model, loss, options):
     for name, g in eager_grads.items():
         assert float(g.abs().max()) > 0, name
         assert float((compiled_grads[name] - g).abs().max()) <= 1e-4 * float(g.abs().max()) + 1e-7, name
+
+
+def opsd_examples(rng, vocab: int, sizes: list[tuple[int, int, int]]) -> list[Example]:
+    """OPSD-shaped examples (fkl with the in-trainer teacher): (prompt, response, teacher prompt) lengths."""
+    return [Example(id=str(i), prompt_id=str(i), prompt_ids=rng.integers(0, vocab, p),
+                    response_ids=rng.integers(0, vocab, t), teacher_context=rng.integers(0, vocab, q),
+                    tokens={"behaviour_logp": -rng.random(t).astype(np.float32)})
+            for i, (p, t, q) in enumerate(sizes)]
+
+
+@pytest.mark.slow
+def test_compiled_student_stops_compiling_after_warm_up(tiny_model, monkeypatch):
+    """--compile on the OPSD step (student forward with gradients, base-weights teacher forward without): no
+    graph breaks, and once both grad modes and both batch regimes (one sequence, several) have been seen, new
+    lengths, widths and batch sizes compile nothing (a bounded set of graphs). Before, every decoder layer broke
+    its graph at SDPA's is_causal (a SymBool) and was compiled on its own per shape and grad mode until
+    torch.compile's recompile limit sent it to eager. Dynamo's graphs do not depend on the backend: the eager
+    one keeps this fast."""
+    from torch._dynamo.utils import counters
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend="eager", **kw))
+    torch._dynamo.reset()
+    counters.clear()
+    config = TrainConfig(model=str(tiny_model), out="unused", loss="fkl", self_teacher="{problem}", max_steps=1,
+                         lora_r=4, lora_alpha=8, batch_size=4, compile=True, logit_chunk=16)
+    student = Student(config, "cpu")
+    vocab = student.head.weight.shape[0]
+    rng = np.random.default_rng(0)
+
+    def micro_step(sizes):
+        exs = opsd_examples(rng, vocab, sizes)
+        student.micro_step(exs, sum(len(e.response_ids) for e in exs), 0.0)
+        return counters["stats"]["unique_graphs"]
+
+    # warm-up: both batch regimes of the decoder (several sequences, one: 0/1 sizes are always specialized)
+    # and of the LM-head chunks (16 positions, fewer, one)
+    micro_step([(9, 20, 30), (12, 7, 41)])
+    micro_step([(5, 33, 25), (7, 12, 38), (20, 3, 60)])
+    warm = micro_step([(11, 17, 35)])
+    after = [micro_step(sizes) for sizes in ([(30, 40, 150), (6, 9, 20)], [(8, 61, 44)],
+                                             [(4, 5, 9), (17, 28, 130), (9, 9, 9), (3, 50, 70)])]
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert after == [warm] * 3, f"graphs after warm-up {warm}, then {after}"
+    assert warm <= 10

@@ -94,11 +94,18 @@ def gqa_sdpa_attention(module, query, key, value, attention_mask, scaling=None, 
     query head h uses KV head h // g (as repeat_kv does). Shapes: query [B, H, Q, D], key/value
     [B, Hkv, L, D], mask [B, 1, Q, L] (bool, True = visible) or None (causal) -> output [B, Q, H, D].
     """
+    import torch
     import torch.nn.functional as F
 
     B, H, Q, D = query.shape
     if attention_mask is None:  # plain causal (right-padded or unpadded batches): fused kernels
-        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, is_causal=Q > 1,
+        causal = Q > 1
+        if torch.compiler.is_compiling():  # a symbolic Q makes `Q > 1` a SymBool, which breaks the graph at
+            # every layer (each then recompiled on its own). Compiled callers without a mask (the trainer's and
+            # scorer's forwards) have no KV cache: keys = queries, so causal is exact at any Q, 1 included.
+            torch._check(key.shape[2] == Q, lambda: "a compiled forward without a mask must not use a KV cache")
+            causal = True
+        out = F.scaled_dot_product_attention(query, key, value, scale=scaling, is_causal=causal,
                                              enable_gqa=H != key.shape[1])
         return out.transpose(1, 2).contiguous(), None
     groups = H // key.shape[1]

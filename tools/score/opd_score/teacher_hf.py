@@ -153,7 +153,7 @@ class HfTeacher:
             rows.append(np.full(T, b))
             cols.append(np.arange(P - 1, P - 1 + T))  # the hidden state at P-1+t predicts token t
         with torch.inference_mode(), self._adapter_off():
-            hidden_BLH = self.decoder(input_ids=ids_BL.to(self.device)).last_hidden_state
+            hidden_BLH = self.decoder(input_ids=ids_BL.to(self.device), use_cache=False).last_hidden_state
             rows_N = torch.from_numpy(np.concatenate(rows)).to(self.device)
             cols_N = torch.from_numpy(np.concatenate(cols)).to(self.device)
             hidden_NH = hidden_BLH[rows_N, cols_N]

@@ -129,8 +129,11 @@ class Student:
     def hidden(self, batch: dict):
         """Decoder hidden states at the positions that predict response tokens: [N, H]."""
         ids = batch["ids_BL"].to(self.device)
-        with self.autocast():
-            h_BLH = self.decoder(input_ids=ids).last_hidden_state
+        if self.compiled:  # batch and length symbolic from the first call: no static-then-dynamic recompile
+            torch._dynamo.maybe_mark_dynamic(ids, 0)
+            torch._dynamo.maybe_mark_dynamic(ids, 1)
+        with self.autocast():  # no KV cache: a training forward has no use for one (and its state adds guards)
+            h_BLH = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
         return h_BLH[batch["rows_N"].to(self.device), batch["cols_N"].to(self.device)]
 
     @contextlib.contextmanager
