@@ -18,6 +18,7 @@ positions are passed in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -109,40 +110,65 @@ def _kl_terms(teacher_logp_NK: torch.Tensor, student_logp_NK: torch.Tensor) -> t
     return torch.where(p_NK > 0, p_NK * (safe_t - student_logp_NK), torch.zeros_like(p_NK))
 
 
+TAIL_FLOOR = 1e-30  # the tail mass of an empty (k = V) or float32-unresolved tail: exp(-69), no -inf, no 0 * inf
+
+
+def tail_buckets(logp_NK: torch.Tensor, empty_N: torch.Tensor,
+                 exact_tail_N: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, K + 1] log-probs at temperature 1 of the k ids and one tail bucket, log m with m = 1 - sum_k p(k)
+    (summed in float64; TAIL_FLOOR where m <= TAIL_FLOOR or where empty_N says the ids span the vocabulary).
+
+    fkl builds the teacher's and the student's buckets with this one construction, so identical log-probs give
+    bitwise identical buckets. The student passes exact_tail_N, log of its exact mass outside the ids: the tail's
+    value stays the construction's and its gradient is exact_tail_N's (the two differ by float32 rounding only).
+    """
+    mass_N = 1.0 - logp_NK.detach().double().exp().sum(-1)
+    log_mass_N = mass_N.clamp(min=TAIL_FLOOR).log().float()
+    log_mass_N = torch.where(empty_N, torch.full_like(log_mass_N, math.log(TAIL_FLOOR)), log_mass_N)
+    if exact_tail_N is not None:
+        straight_N = exact_tail_N - exact_tail_N.detach()  # value 0, gradient d exact_tail
+        log_mass_N = log_mass_N + torch.where(empty_N, torch.zeros_like(straight_N), straight_N)
+    return torch.cat([logp_NK, log_mass_N.unsqueeze(-1)], -1)
+
+
 def fkl(logits_NV: torch.Tensor, ids_NK: torch.Tensor, teacher_logp_NK: torch.Tensor, num_tokens: int, *,
         temperature: float = 1.0, clip: float | None = 0.05, tail: bool = True) -> LossOutput:
     """OPSD forward KL from the teacher's top-k log-probs (teacher_logp_NK at ids_NK, temperature 1).
 
     Summands j_{t,v} = q_T(v) (log q_T(v) - log q_S(v)), each clipped, j <- min(j, c), then
-    loss = sum_t sum_v j_{t,v} / #tokens. q_S is the student's softmax(logits / tau).
+    loss = sum_t sum_v j_{t,v} / #tokens.
 
-    tail=True (a true KL): the k ids plus one tail bucket holding the rest of the vocabulary.
-      Teacher: p_T at the k ids and m = 1 - sum_k p_T(k) in the tail, tempered as a (k+1)-bucket
-      categorical, q_T ∝ p_T^(1/tau) (exact at tau = 1; at tau != 1 the tail is tempered as one
-      bucket because its inner distribution is not in the record). Student: exact q_S at the k
-      ids and q_S(tail) = sum of q_S outside them. With k = V this is the full-vocabulary KL.
+    tail=True (a true KL): the k ids plus one tail bucket holding the rest of the vocabulary, the same
+      construction on both sides (tail_buckets): at temperature 1, p(k) at the k ids and m = 1 - sum_k p(k) in
+      the tail (teacher: the record's log-probs; student: log_softmax(logits) at the ids), then that
+      (k+1)-bucket categorical is tempered, q(b) ∝ P(b)^(1/tau). Teacher = student gives exactly 0 at any
+      tau; at tau = 1 this is the KL of the two bucketed distributions, and with k = V (or V - 1) the
+      full-vocabulary KL at any tau. The student's tail gradient is that of its exact mass outside the ids.
     tail=False (OPSD's top-k variant): both sides renormalized over the k ids,
       q_T = softmax_k(log p_T / tau), q_S = softmax_k(logits_k / tau).
     Metrics: fkl (the unclipped divergence), fkl_clipped_frac (tokens with a clipped summand),
     teacher_tail_mass (m at temperature 1).
     """
-    s_NV = logits_NV.float() / temperature
+    s_NV = logits_NV.float()
     ids_NK = ids_NK.long()
     t_NK = teacher_logp_NK.float()
     s_NK = s_NV.gather(-1, ids_NK)
     tail_mass_N = (1.0 - t_NK.exp().sum(-1)).clamp(min=0.0)
     if tail:
-        log_z_N = torch.logsumexp(s_NV, -1, keepdim=True)
-        floor = torch.finfo(torch.float32).min / 4  # finite: a full top-k (k = V) leaves an empty tail
-        rest_NV = s_NV.scatter(-1, ids_NK, floor)
-        student_NB = torch.cat([s_NK, torch.logsumexp(rest_NV, -1, keepdim=True)], -1) - log_z_N
+        empty_N = torch.zeros_like(tail_mass_N, dtype=torch.bool)
         if ids_NK.shape[-1] >= s_NV.shape[-1]:  # ids spanning the vocabulary: the tail is empty, not float32 dust
-            covered_N = torch.zeros_like(s_NV, dtype=torch.bool).scatter(-1, ids_NK, True).all(-1)
-            tail_mass_N = torch.where(covered_N, torch.zeros_like(tail_mass_N), tail_mass_N)
-        teacher_NB = torch.cat([t_NK, tail_mass_N.log().unsqueeze(-1)], -1) / temperature
-        teacher_NB = torch.log_softmax(teacher_NB, -1)
+            empty_N = torch.zeros_like(s_NV, dtype=torch.bool).scatter(-1, ids_NK, True).all(-1)
+            tail_mass_N = torch.where(empty_N, torch.zeros_like(tail_mass_N), tail_mass_N)
+        log_z_N = torch.logsumexp(s_NV, -1)
+        floor = torch.finfo(torch.float32).min / 4  # finite: a full top-k (k = V) leaves an empty tail
+        exact_tail_N = torch.logsumexp(s_NV.scatter(-1, ids_NK, floor), -1) - log_z_N
+        logp_NK = s_NK - log_z_N.unsqueeze(-1)  # as opd-score's hf teacher computes the record's log-probs
+        student_NB = tail_buckets(logp_NK, empty_N, exact_tail_N)
+        teacher_NB = tail_buckets(t_NK, empty_N)
+        student_NB = torch.log_softmax(student_NB / temperature, -1)
+        teacher_NB = torch.log_softmax(teacher_NB / temperature, -1)
     else:
-        student_NB = torch.log_softmax(s_NK, -1)
+        student_NB = torch.log_softmax(s_NK / temperature, -1)
         teacher_NB = torch.log_softmax(t_NK / temperature, -1)
     j_NB = _kl_terms(teacher_NB, student_NB)
     per_token_N, clipped_N = _clipped_sum(j_NB, clip)

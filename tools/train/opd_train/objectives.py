@@ -186,7 +186,7 @@ OBJECTIVES: dict[str, Objective] = {obj.name: obj for obj in [
               hint="score with opd-score --topk K or --at-student-topk, or use --self-teacher",
               call=Call("fkl", ("ids", "teacher_logp", "num_tokens"),
                         options=lambda c: {"temperature": c.loss_temperature, "clip": c.kl_clip, "tail": c.fkl_tail}),
-              compact="ids", temperature=lambda c: c.loss_temperature, with_self_teacher=_FKL_SELF),
+              compact="ids", with_self_teacher=_FKL_SELF),  # reads softmax(logits) at temperature 1 (losses.fkl)
     Objective("shift", reads=("shift.ids", "shift.delta"), build=_build_shift,
               hint="score with opd-score --shift post=MODEL,pre=MODEL",
               call=Call("shift", ("ids", "delta", "targets_N", "ref_logp", "num_tokens"), (("beta", "beta"),)),
