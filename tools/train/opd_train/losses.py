@@ -249,6 +249,14 @@ def group_advantages(rewards_G: torch.Tensor, eps: float = 1e-6) -> torch.Tensor
     return ((r_G - r_G.mean()) / (r_G.std() + eps)).float()
 
 
+def response_mean_weights(lengths_B: list[int]) -> list[float]:
+    """Per-token weights of the GRPO paper's per-response mean for the B responses of one optimizer step (lengths
+    T_i): every token of response i gets w_i = sum_j T_j / (B T_i), so that the token-sum form every loss has,
+    sum_t w_t x_t / #tokens, is (1/B) sum_i (1/T_i) sum_{t in i} x_t; micro-batches and ranks still add up."""
+    total, count = sum(lengths_B), len(lengths_B)
+    return [total / (count * length) for length in lengths_B]
+
+
 def dynamic_sampling_keep(correct_G) -> bool:
     """DAPO dynamic sampling: keep a group unless its correctness is all equal (all 0 or all 1)."""
     return len(set(float(c) for c in correct_G)) > 1
@@ -257,7 +265,7 @@ def dynamic_sampling_keep(correct_G) -> bool:
 def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
              advantage_N: torch.Tensor, num_tokens: int, *, clip_low: float = 0.2, clip_high: float = 0.28,
              dual_clip: float | None = 10.0, ref_logp_N: torch.Tensor | None = None,
-             kl_coef: float = 0.0) -> LossOutput:
+             kl_coef: float = 0.0, token_weight_N: torch.Tensor | None = None) -> LossOutput:
     """GRPO/DAPO clipped surrogate (PPO with clip-higher and dual clip) plus an optional k3 KL.
 
     r_t = exp(log p_S(y_t) - log p_S_old(y_t)), A_t the group advantage of the token's response;
@@ -265,8 +273,9 @@ def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N:
     pg_t = min(pg1_t, -A_t c) when A_t < 0 (dual clip c), else pg1_t;
     loss = sum_t pg_t / #tokens + kl_coef * sum_t k3_t / #tokens,  k3_t = exp(D_t) - D_t - 1,
     D_t = log p_ref(y_t) - log p_S(y_t) (the base model, adapter disabled).
-    Clamped or dual-clipped tokens have no gradient. Metrics: pg, ratio, clip_frac, dual_clip_frac,
-    advantage, k3 (with ref_logp_N).
+    With token_weight_N (w_t, response_mean_weights) both sums are sum_t w_t (.) / #tokens instead: the
+    per-response mean. Clamped or dual-clipped tokens have no gradient. Metrics: pg and k3 (with ref_logp_N) as
+    they enter the loss; ratio, clip_frac, dual_clip_frac and advantage, token means.
     """
     logp_N = token_logprobs(logits_NV, targets_N)
     a_N = advantage_N.float().detach()
@@ -281,14 +290,16 @@ def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N:
         cap_N = -a_N * dual_clip
         dual_active_N = ((a_N < 0) & (pg1_N > cap_N)).detach()
         pg_N = torch.where(dual_active_N, cap_N, pg1_N)
-    pg = pg_N.sum() / num_tokens
+    w_N = None if token_weight_N is None else token_weight_N.float().detach()
+    pg = (pg_N if w_N is None else w_N * pg_N).sum() / num_tokens
     loss = pg
     metrics = {"pg": pg.detach(), "ratio": ratio_N.detach().sum() / num_tokens,
                "clip_frac": clip_active_N.float().sum() / num_tokens,
                "dual_clip_frac": dual_active_N.float().sum() / num_tokens, "advantage": a_N.sum() / num_tokens}
     if ref_logp_N is not None:
         d_N = ref_logp_N.float().detach() - logp_N
-        k3 = (torch.exp(d_N) - d_N - 1).sum() / num_tokens
+        k3_N = torch.exp(d_N) - d_N - 1
+        k3 = (k3_N if w_N is None else w_N * k3_N).sum() / num_tokens
         if kl_coef:
             loss = loss + kl_coef * k3
         metrics["k3"] = k3.detach()
