@@ -23,6 +23,15 @@ error) and Pearson correlation over the positions. First without the clip (the d
 themselves), then with the per-summand clip (0.05) on both sides. CPU only; positions are
 generated and scored in chunks, and the loss functions are called one position at a time, so
 per-token values come straight out of the library's functions.
+
+Two more things are measured for the tail bucket at every temperature:
+
+- the previous construction ("tail, teacher-side tempering"; `previous_fkl_tail` here, as losses.fkl was
+  before issue 17): the teacher's (k+1) buckets tempered as a categorical, the student's exact
+  softmax(logits / tau) at the ids and the exact tempered mass of the rest, compared with the full KL the same way;
+- identity (teacher = student, the student's own top-k log-probs): the loss, its gradient's largest entry
+  and the gradient summed over the ids outside the top-k ("tail_grad": > 0 means a descent step lowers the
+  student's mass outside its top-k), for `fkl` and for the previous construction.
 """
 
 from __future__ import annotations
@@ -61,6 +70,23 @@ def make_logits(n: int, g: torch.Generator, vocab: int = VOCAB) -> tuple[torch.T
     return teacher_NV, student_NV
 
 
+def previous_fkl_tail(logits_NV: torch.Tensor, ids_NK: torch.Tensor, teacher_logp_NK: torch.Tensor, num_tokens: int,
+                      *, temperature: float, clip: float | None) -> losses.LossOutput:
+    """The tail bucket as losses.fkl built it before issue 17: the teacher's (k+1) buckets tempered as one
+    categorical, the student's exact tempered probabilities at the ids and outside them (not zero at identity)."""
+    s_NV = logits_NV.float() / temperature
+    student_NV = torch.log_softmax(s_NV, -1)
+    rest_NV = student_NV.scatter(-1, ids_NK, torch.finfo(torch.float32).min / 4)
+    student_NB = torch.cat([student_NV.gather(-1, ids_NK), torch.logsumexp(rest_NV, -1, keepdim=True)], -1)
+    mass_N = (1.0 - teacher_logp_NK.exp().sum(-1)).clamp(min=0.0)
+    teacher_NB = torch.log_softmax(torch.cat([teacher_logp_NK, mass_N.log().unsqueeze(-1)], -1) / temperature, -1)
+    p_NB = teacher_NB.exp()
+    j_NB = torch.where(p_NB > 0, p_NB * (teacher_NB - student_NB), torch.zeros_like(p_NB))
+    if clip is not None:
+        j_NB = torch.minimum(j_NB, torch.full_like(j_NB, clip))
+    return losses.LossOutput(j_NB.sum() / num_tokens, {})
+
+
 def per_token(fn, n: int) -> list[float]:
     """fn(i) -> LossOutput for position i alone (num_tokens = 1): its loss is that token's value."""
     return [float(fn(i).loss) for i in range(n)]
@@ -84,9 +110,14 @@ def quantiles(values: list[float], qs=(0.05, 0.25, 0.5, 0.75, 0.95)) -> dict[str
     return {f"p{int(q * 100):02d}": float(t.quantile(q)) for q in qs}
 
 
+VARIANTS = {"tail": lambda *a, **kw: losses.fkl(*a, **kw, tail=True),
+            "renormalized": lambda *a, **kw: losses.fkl(*a, **kw, tail=False),
+            "tail-previous": previous_fkl_tail}
+
+
 def score_chunk(teacher_NV: torch.Tensor, student_NV: torch.Tensor, ks: list[int], temps: list[float],
                 clips: list[float | None]) -> dict[tuple, list[float]]:
-    """Per-token values: key (tau, clip) for fkl_full, (tau, clip, k, tail) for fkl on the teacher's top-k."""
+    """Per-token values: key (tau, clip) for fkl_full, (tau, clip, k, variant) for the top-k variants."""
     n = teacher_NV.shape[0]
     ids_NK = torch.topk(teacher_NV, ks[-1], -1).indices  # sorted: each smaller k is a prefix
     logp_NK = torch.log_softmax(teacher_NV, -1).gather(-1, ids_NK)  # what a record carries (float32)
@@ -96,10 +127,36 @@ def score_chunk(teacher_NV: torch.Tensor, student_NV: torch.Tensor, ks: list[int
             out[(tau, clip)] = per_token(lambda i: losses.fkl_full(
                 student_NV[i:i + 1], teacher_NV[i:i + 1], 1, temperature=tau, clip=clip), n)
             for k in ks:
-                for tail in (True, False):
-                    out[(tau, clip, k, tail)] = per_token(lambda i: losses.fkl(
+                for name, fn in VARIANTS.items():
+                    out[(tau, clip, k, name)] = per_token(lambda i, fn=fn, k=k: fn(
                         student_NV[i:i + 1], ids_NK[i:i + 1, :k], logp_NK[i:i + 1, :k], 1,
-                        temperature=tau, clip=clip, tail=tail), n)
+                        temperature=tau, clip=clip), n)
+    return out
+
+
+def identity_chunk(student_NV: torch.Tensor, ks: list[int], temps: list[float],
+                   clips: list[float | None]) -> dict[tuple, list[tuple[float, float, float]]]:
+    """Teacher = student: per token (loss, max |grad|, gradient summed outside the top-k), key (tau, clip, k,
+    variant); the teacher's log-probs are the student's own, logit - logsumexp as opd-score's hf teacher writes."""
+    n = student_NV.shape[0]
+    ids_NK = torch.topk(student_NV, ks[-1], -1).indices
+    logp_NK = student_NV.gather(-1, ids_NK) - torch.logsumexp(student_NV, -1, keepdim=True)
+    out: dict[tuple, list[tuple[float, float, float]]] = {}
+    with torch.enable_grad():
+        for tau in temps:
+            for clip in clips:
+                for k in ks:
+                    for name in ("tail", "tail-previous"):
+                        vals = []
+                        for i in range(n):
+                            z = student_NV[i:i + 1].clone().requires_grad_(True)
+                            loss = VARIANTS[name](z, ids_NK[i:i + 1, :k], logp_NK[i:i + 1, :k], 1,
+                                                  temperature=tau, clip=clip).loss
+                            loss.backward()
+                            g = z.grad[0]
+                            outside = g.sum() - g[ids_NK[i, :k]].sum()
+                            vals.append((float(loss.detach()), float(g.abs().max()), float(outside)))
+                        out[(tau, clip, k, name)] = vals
     return out
 
 
@@ -118,21 +175,35 @@ def measure(args) -> dict:
     g = torch.Generator().manual_seed(args.seed)
     values: dict[tuple, list[float]] = {}
     stats: dict[str, list[float]] = {}
+    identity: dict[tuple, list[tuple[float, float, float]]] = {}
     done = 0
     while done < args.positions:
         teacher_NV, student_NV = make_logits(min(args.chunk, args.positions - done), g)
         for key, vals in score_chunk(teacher_NV, student_NV, ks, temps, [None, args.clip]).items():
             values.setdefault(key, []).extend(vals)
+        if done < args.identity_positions:
+            part = student_NV[:args.identity_positions - done]
+            for key, vals in identity_chunk(part, ks, temps, [None, args.clip]).items():
+                identity.setdefault(key, []).extend(vals)
         for key, vals in logit_stats(teacher_NV, ks).items():
             stats.setdefault(key, []).extend(vals)
         done += teacher_NV.shape[0]
         print(f"{done}/{args.positions} positions", file=sys.stderr)
     for tau in temps:
         stats[f"kl_full_tau{tau:g}"] = values[(tau, None)]
-    rows = [{"temperature": key[0], "clip": key[1], "k": key[2], "tail": key[3],
+    order = list(VARIANTS)
+    rows = [{"temperature": key[0], "clip": key[1], "k": key[2], "variant": key[3],
              **summarize(vals, values[key[:2]])} for key, vals in values.items() if len(key) == 4]
-    rows.sort(key=lambda r: (r["clip"] is not None, r["temperature"], r["k"], not r["tail"]))
-    return {"rows": rows, "logits": {name: quantiles(v) for name, v in stats.items()}}
+    rows.sort(key=lambda r: (r["clip"] is not None, r["temperature"], r["k"], order.index(r["variant"])))
+    ident = [{"temperature": key[0], "clip": key[1], "k": key[2], "variant": key[3], "positions": len(vals),
+              "mean_loss": sum(v[0] for v in vals) / len(vals), "max_abs_loss": max(abs(v[0]) for v in vals),
+              "max_abs_grad": max(v[1] for v in vals), "mean_tail_grad": sum(v[2] for v in vals) / len(vals)}
+             for key, vals in identity.items()]
+    ident.sort(key=lambda r: (r["clip"] is not None, r["temperature"], r["k"], order.index(r["variant"])))
+    return {"rows": rows, "identity": ident, "logits": {name: quantiles(v) for name, v in stats.items()}}
+
+
+NAMES = {"tail": "tail bucket", "renormalized": "renormalized", "tail-previous": "tail, teacher-side tempering"}
 
 
 def table(rows: list[dict]) -> str:
@@ -140,9 +211,19 @@ def table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['clip'] if r['clip'] is not None else 'off'} | {r['temperature']:g} | {r['k']} | "
-                     f"{'tail bucket' if r['tail'] else 'renormalized'} | {r['mean_full']:.4f} | "
+                     f"{NAMES[r['variant']]} | {r['mean_full']:.4f} | "
                      f"{r['mean_topk']:.4f} | {r['bias']:+.4f} | {r['mae']:.4f} | {r['mean_rel_err']:.1%} | "
                      f"{r['corr']:.4f} |")
+    return "\n".join(lines)
+
+
+def identity_table(rows: list[dict]) -> str:
+    lines = ["| clip | tau | k | variant | mean loss | max abs loss | max abs grad | mean tail grad |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['clip'] if r['clip'] is not None else 'off'} | {r['temperature']:g} | {r['k']} | "
+                     f"{NAMES[r['variant']]} | {r['mean_loss']:.2e} | {r['max_abs_loss']:.2e} | "
+                     f"{r['max_abs_grad']:.2e} | {r['mean_tail_grad']:+.2e} |")
     return "\n".join(lines)
 
 
@@ -154,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chunk", type=int, default=32, help="positions generated at a time (memory bound)")
     parser.add_argument("--ks", default="16,64,256", help="comma-separated top-k widths")
-    parser.add_argument("--temperatures", default="1.0,1.1", help="comma-separated loss temperatures")
+    parser.add_argument("--temperatures", default="0.7,1.0,1.1,1.5", help="comma-separated loss temperatures")
+    parser.add_argument("--identity-positions", type=int, default=64,
+                        help="positions of the teacher = student check (each with a backward pass)")
     parser.add_argument("--clip", type=float, default=0.05, help="per-summand clip of the clipped comparison")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
@@ -162,13 +245,17 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(args)
     seconds = time.perf_counter() - t0
     print(table(result["rows"]))
+    print()
+    print(identity_table(result["identity"]))
     if args.json:
         meta = {"script": "benchmarks/bench_topk_kl.py", "vocab": VOCAB, "positions": args.positions,
                 "seed": args.seed, "ks": args.ks, "temperatures": args.temperatures, "clip": args.clip,
+                "identity_positions": args.identity_positions,
                 "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
                 "seconds": round(seconds, 1)}
         with open(args.json, "w") as f:
-            json.dump({"config": meta, "logits": result["logits"], "results": result["rows"]}, f, indent=2)
+            json.dump({"config": meta, "logits": result["logits"], "results": result["rows"],
+                       "identity": result["identity"]}, f, indent=2)
             f.write("\n")
     print(f"{seconds:.1f}s", file=sys.stderr)
     return 0

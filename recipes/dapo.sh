@@ -8,7 +8,7 @@
 #
 # Pipeline:
 #   opd-rollout --follow OUT --max-lag 0 --batch-prompts F*G
-#     | opd-score --reward math --grader integer --require-stop --max-response-tokens L --overlong-buffer B
+#     | opd-score --reward math --grader integer --require-stop --reward-scale pm1 --max-response-tokens L --overlong-buffer B
 #     | opd-train --loss dapo --kl-coef 0.01 --batch-groups G --max-staleness 0
 #
 # Seed hyper-parameters (docs/architecture.md, seeds) this recipe (flag, default)
@@ -16,7 +16,8 @@
 #   non-thinking, context 8192                         --thinking off, --max-model-len 8192 (vllm),
 #                                                      --max-tokens 7168 (response; leaves 1024 for the prompt)
 #   verifier reward: integer answer, finish = stop     --reward math --grader integer --require-stop
-#   soft overlong penalty                              --max-response-tokens = --max-tokens, --overlong-buffer 1024
+#   correctness reward 2 * correct - 1 (+1 / -1)       --reward-scale pm1
+#   soft overlong penalty, added to it                 --max-response-tokens = --max-tokens, --overlong-buffer 1024
 #   clip-low 0.2 / clip-high 0.28, token-mean          --loss dapo (opd-train defaults --clip-low 0.2 --clip-high 0.28)
 #   dynamic sampling                                   on (opd-train default for dapo), --gen-factor 3
 #   k3 KL to the base 0.01                             --kl-coef 0.01
@@ -57,7 +58,7 @@ MODEL_LEN=$(( MAX_TOKENS + 1024 > 8192 ? MAX_TOKENS + 1024 : 8192 ))
 "${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts $(( GEN_FACTOR * NGROUPS )) -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" \
     --max-model-len "$MODEL_LEN" --temperature 1.0 --thinking off --quiet "${XR[@]}" "$DATA" \
-  | "${BIN}opd-score" --reward math --grader integer --require-stop \
+  | "${BIN}opd-score" --reward math --grader integer --require-stop --reward-scale pm1 \
     --max-response-tokens "$MAX_TOKENS" --overlong-buffer "$OVERLONG_BUFFER" --quiet "${XS[@]}" \
   | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 \
     --loss dapo --clip-low 0.2 --clip-high 0.28 --kl-coef 0.01 --max-staleness 0 \

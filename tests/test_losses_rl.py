@@ -304,6 +304,8 @@ def _chunk_inputs():
         "plain": lambda x, s: L.ppo_clip(x, y[s], behaviour[s], adv[s], n),
         "no-dual": lambda x, s: L.ppo_clip(x, y[s], behaviour[s], adv[s], n, dual_clip=None),
         "kl": lambda x, s: L.ppo_clip(x, y[s], behaviour[s], adv[s], n, ref_logp_N=ref[s], kl_coef=0.3),
+        "response-mean": lambda x, s: L.ppo_clip(x, y[s], behaviour[s], adv[s], n, ref_logp_N=ref[s], kl_coef=0.3,
+                                                 token_weight_N=token_weights(LENGTHS)[s]),
     }
 
 
@@ -317,3 +319,45 @@ def test_ppo_clip_chunks_add_up_to_the_whole(name):
 def test_ppo_clip_bf16_logits(name):
     z, fns = _chunk_inputs()
     assert_bf16_accepted(fns[name], z)
+
+
+# --------------------------------------------------------------------------- per-response mean (--aggregation)
+
+LENGTHS = [2, 1, 4]  # the seven CASES tokens as three responses
+
+
+def test_response_mean_weights_hand_numbers():
+    assert L.response_mean_weights([2, 1, 4]) == pytest.approx([7 / 6, 7 / 3, 7 / 12])  # 7 / (3 T_i)
+    assert L.response_mean_weights([5, 5]) == [1.0, 1.0]  # equal lengths: the token mean
+    assert L.response_mean_weights([3]) == [1.0]
+
+
+def token_weights(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([w for w, t in zip(L.response_mean_weights(lengths), lengths, strict=True) for _ in range(t)])
+
+
+@pytest.mark.parametrize("kl", [0.0, 0.3])
+def test_ppo_clip_response_mean_is_the_mean_of_per_response_means(kl):
+    """The GRPO paper's aggregation, (1/B) sum_i (1/T_i) sum_t (pg_t + kl k3_t), from ref_ppo run on each response
+    alone (its own token mean), against ppo_clip with the per-token weights: value, pg, k3 and gradient."""
+    ratios = [r for r, _ in CASES]
+    adv = [a for _, a in CASES]
+    z, y, behaviour = ppo_case(ratios, seed=3)
+    ref = ref_logp(7, len(CASES))
+    out = L.ppo_clip(z, y, behaviour, torch.tensor(adv), len(CASES), ref_logp_N=ref, kl_coef=kl,
+                     token_weight_N=token_weights(LENGTHS))
+    loss = pg = k3 = 0.0
+    grad = []
+    start = 0
+    for t in LENGTHS:
+        s = slice(start, start + t)
+        want = ref_ppo(rows(z)[s], y.tolist()[s], behaviour.tolist()[s], adv[s], t, ref=ref.tolist()[s], kl=kl)
+        loss, pg, k3 = loss + want["loss"] / 3, pg + want["pg"] / 3, k3 + want["k3"] / 3
+        grad += [[g / 3 for g in row] for row in want["grad"]]
+        start += t
+    assert close(out.loss, loss) and close(out.metrics["pg"], pg) and close(out.metrics["k3"], k3)
+    token_mean = L.ppo_clip(z.detach(), y, behaviour, torch.tensor(adv), len(CASES), ref_logp_N=ref, kl_coef=kl)
+    assert not close(token_mean.loss, loss, 1e-2)  # the two aggregations differ on these lengths
+    assert close(out.metrics["ratio"], token_mean.metrics["ratio"])  # the other metrics stay token means
+    out.loss.backward()
+    assert_grad(z.grad, grad)

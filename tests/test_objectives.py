@@ -122,3 +122,38 @@ def test_config_defaults_and_requirements_come_from_the_entry():
         config("rkl", self_teacher="opsd")
     with pytest.raises(ConfigError, match=r"^--loss grpo needs --batch-groups"):
         TrainConfig(model="m", out="o", loss="grpo", max_steps=1, batch_size=2)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+def test_response_mean_aggregation_reaches_ppo_clip_as_token_weights(name):
+    """--aggregation response-mean: the step's examples get tokens["weight"] = sum T / (B T_i), the registry passes
+    it to ppo_clip, and the loss is the mean over responses of each response's token mean."""
+    from opd_train.model import call_loss
+
+    cfg = config(name, aggregation="response-mean")
+    short = make_example(record(), Where("r.jsonl", 1), cfg)
+    rec = {**record(), "id": "p:1", "response_ids": [3, 4, 5, 6, 7, 8], "logprobs": [-1.0] * 6,
+           "reward": {"total": 0.0, "correct": 0}}
+    long = make_example(rec, Where("r.jsonl", 2), cfg)
+    set_group_advantages([short, long], cfg.aggregation)
+    assert short.tokens["weight"].tolist() == pytest.approx([9 / 6] * 3)  # (3 + 6) / (2 * 3)
+    assert long.tokens["weight"].tolist() == pytest.approx([9 / 12] * 6)
+    chunk = {**collate([short, long]), "num_tokens": 9, "beta": 1.0}
+    logits_NV = torch.randn(9, V, generator=torch.Generator().manual_seed(1))
+    got = call_loss(objective(cfg).call, logits_NV, chunk, cfg).loss
+    pg = [float(losses.ppo_clip(logits_NV[s], chunk["targets_N"][s], chunk["behaviour_logp"][s],
+                                chunk["advantage"][s], n, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                dual_clip=cfg.dual_clip).loss) for s, n in ((slice(0, 3), 3), (slice(3, 9), 6))]
+    assert float(got) == pytest.approx(sum(pg) / 2, rel=1e-6)
+    token_cfg = config(name)
+    plain = make_example(record(), Where("r.jsonl", 1), token_cfg)
+    set_group_advantages([plain], token_cfg.aggregation)
+    assert "weight" not in plain.tokens
+
+
+def test_response_mean_aggregation_goes_with_grpo_and_dapo_only():
+    from opd_common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--aggregation response-mean goes with --loss grpo or dapo; the other "
+                                          r"losses are token means over the step$"):
+        config("rkl", aggregation="response-mean")

@@ -342,7 +342,9 @@ def test_record_errors_name_the_record_and_field(rollouts, tiny_teacher, tiny_mo
     (["--teacher", "t=a", "--topk", "4", "--at-student-topk"],
      "--topk and --at-student-topk are exclusive (own top-k or the student's ids)"),
     (["--shift", "post=a"], "--shift 'post=a': expected post=MODEL,pre=MODEL"),
-], ids=["nothing", "no-equals", "vllm-shift", "vllm-at-student", "topk-exclusive", "shift-half"])
+    (["--teacher", "t=a", "--reward-scale", "pm1"],
+     "--reward-scale pm1 goes with --reward math (it scales the verifier's reward)"),
+], ids=["nothing", "no-equals", "vllm-shift", "vllm-at-student", "topk-exclusive", "shift-half", "scale-no-reward"])
 def test_flag_errors(rollouts, args, expected):
     path, _ = rollouts
     assert error_of(score(*args, path)) == f"Error: {expected}\n"
@@ -516,7 +518,8 @@ def test_reward_math_grades_against_the_examples_answer(reward_records):
     for rec, (text, finish, correct, format_ok, reason, extracted) in zip(got, REWARD_CASES, strict=True):
         block = rec["reward"]
         assert set(block) == {"correct", "format_ok", "stop_ok", "length_penalty", "total", "verifier", "extracted",
-                              "reason"}
+                              "reason", "scale"}
+        assert block["scale"] == "01"  # the default: right 1, wrong 0
         assert (block["correct"], block["format_ok"], block["stop_ok"], block["reason"], block["verifier"]) == \
                (correct, format_ok, finish == "stop", reason, "math"), text
         assert block["extracted"] == extracted, text
@@ -540,6 +543,52 @@ def test_reward_require_stop_and_overlong_penalty(reward_records):
         earned = 1.0 if correct and finish == "stop" else 0.0
         assert block["total"] == pytest.approx(earned + penalty, abs=1e-12), text
     assert got[-1]["reward"]["total"] == pytest.approx(penalty)  # boxed 204, but truncated
+
+
+def cut(rec: dict, length: int) -> dict:
+    """The record with its response (and every per-token array) cut to `length` tokens."""
+    n = len(rec["response_ids"])
+    return {k: (v[:length] if isinstance(v, np.ndarray) and k != "prompt_ids" and len(v) == n else v)
+            for k, v in rec.items()}
+
+
+# A DAPO group of 4 (one prompt, gold 204): (text, response tokens). --max-response-tokens 7 --overlong-buffer 4:
+# no penalty up to 3 tokens, (3 - len) / 4 beyond, so the long right answer gets -0.75.
+GROUP = [("so \\boxed{204}", 3), ("so \\boxed{204}", 6), ("so \\boxed{205}", 3), ("we get 7", 3)]
+
+
+@pytest.mark.parametrize("scale, totals", [
+    ("01", [1.0, 0.25, 0.0, 0.0]),  # accuracy 1 / 0, plus the penalty
+    ("pm1", [1.0, 0.25, -1.0, -1.0]),  # DAPO: 2 * correct - 1, plus the penalty
+])
+def test_reward_scale_and_the_group_advantages_of_an_overlong_sample(reward_records, tmp_path, scale, totals):
+    """--reward-scale: reward.total of a group with a right answer in the overlong buffer, recorded as
+    reward.scale, and the group advantages opd-train computes from it. With 01 the penalty weighs as much as
+    correctness and the long right answer falls below the group mean (advantage < 0); with DAPO's +1/-1 it
+    stays above the wrong ones and the mean (advantage > 0)."""
+    import torch
+
+    from opd_train.losses import group_advantages
+
+    _, crafted = reward_records
+    assert len(crafted[0]["response_ids"]) >= 6
+    group = [cut(dict(crafted[0], id=f"g:{i}", sample=i, group_size=4, response_text=text), n)
+             for i, (text, n) in enumerate(GROUP)]
+    path = write_records(tmp_path / "group.jsonl", group)
+    got = parse(ok(score("--reward", "math", "--grade-workers", "1", "--require-stop", "--max-response-tokens", "7",
+                         "--overlong-buffer", "4", "--reward-scale", scale, path)).stdout_bytes)
+    blocks = [rec["reward"] for rec in got]
+    assert [b["correct"] for b in blocks] == [1, 1, 0, 0] and [b["scale"] for b in blocks] == [scale] * 4
+    assert [b["length_penalty"] for b in blocks] == [0.0, -0.75, 0.0, 0.0]
+    assert [b["total"] for b in blocks] == pytest.approx(totals, abs=1e-12)
+    mean = sum(totals) / 4  # the advantages by hand: (R - mean) / (unbiased std + 1e-6)
+    std = (sum((r - mean) ** 2 for r in totals) / 3) ** 0.5
+    want = [(r - mean) / (std + 1e-6) for r in totals]
+    adv = group_advantages(torch.tensor([b["total"] for b in blocks], dtype=torch.float64)).tolist()
+    assert adv == pytest.approx(want, abs=1e-6)
+    assert want == pytest.approx({"01": [1.4527, -0.1321, -0.6603, -0.6603],
+                                  "pm1": [1.2033, 0.4433, -0.8233, -0.8233]}[scale], abs=1e-4)
+    assert (adv[1] > 0) == (scale == "pm1")  # the scale decides whether the long right answer is reinforced
 
 
 def test_reward_without_answer_names_the_record(rollouts, tmp_path):

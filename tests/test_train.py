@@ -505,6 +505,52 @@ def test_dapo_drops_uniform_groups_and_its_first_step_is_the_hand_computed_surro
     assert rows[0]["ratio"] == pytest.approx(1.0, abs=1e-4) and rows[0]["clip_frac"] == 0
 
 
+def cut_responses(path: Path, out: Path, lengths: dict[int, int]) -> Path:
+    """The records with response i (file order) cut to lengths[i] tokens, logprobs with it (the teacher, shift and
+    top-k blocks dropped: grpo reads none of them)."""
+    from opd_common.streams import encode, iter_inputs
+
+    recs = []
+    for i, (rec, _) in enumerate(iter_inputs([str(path)])):
+        rec = {k: v for k, v in rec.items() if k not in ("teachers", "shift", "topk_ids", "topk_logprobs")}
+        t = lengths.get(i, len(rec["response_ids"]))
+        rec["response_ids"], rec["logprobs"] = rec["response_ids"][:t], rec["logprobs"][:t]
+        recs.append(rec)
+    out.write_bytes(b"".join(encode(r) for r in recs))
+    return out
+
+
+def test_grpo_response_mean_first_step_and_micro_batch_cut(scored, tiny_model, tmp_path):
+    """--aggregation response-mean on 4 groups whose responses have different lengths. On the first step the ratio
+    is 1, so the loss is -(1/B) sum_i A_i = 0 (advantages are centred in each group), where token-mean's is
+    -sum_i A_i T_i / sum_i T_i != 0; and cutting the step into micro-batches and LM-head chunks changes nothing."""
+    path = cut_responses(with_rewards(scored, tmp_path / "rewarded.jsonl", MIXED), tmp_path / "cut.jsonl",
+                         {0: 3, 3: 2, 6: 4, 7: 9})
+    rows = {}
+    for name, extra in {"token": ["--aggregation", "token-mean"],
+                        "one": ["--aggregation", "response-mean", "--micro-batch-tokens", "100000"],
+                        "cut": ["--aggregation", "response-mean", "--micro-batch-tokens", "300", "--logit-chunk", "5"]
+                        }.items():
+        ok(train(*base_args(tiny_model, tmp_path / name, "--loss", "grpo", "--max-steps", "1", "--batch-groups", "4",
+                            *extra), str(path)))
+        rows[name] = metrics(tmp_path / name)[0]
+    from opd_common.streams import iter_inputs
+
+    recs = [rec for rec, _ in iter_inputs([str(path)])][:8]  # the first 4 groups, 2 samples each
+    a = 1 / np.sqrt(2) / (1 + 1e-6)
+    adv = [0.0 if len({r["reward"]["correct"] for r in recs if r["prompt_id"] == rec["prompt_id"]}) == 1
+           else (a if rec["reward"]["correct"] else -a) for rec in recs]
+    lengths = [len(r["response_ids"]) for r in recs]
+    token_mean = -sum(x * t for x, t in zip(adv, lengths, strict=True)) / sum(lengths)
+    assert abs(token_mean) > 0.05 and rows["token"]["loss"] == pytest.approx(token_mean, abs=1e-4)
+    assert rows["one"]["loss"] == pytest.approx(0.0, abs=1e-5)
+    assert rows["one"]["ratio"] == pytest.approx(1.0, abs=1e-4) and rows["one"]["grad_norm"] > 0
+    assert rows["one"].keys() == rows["cut"].keys()
+    for key in rows["one"]:
+        assert rows["one"][key] == pytest.approx(rows["cut"][key], rel=1e-5, abs=1e-7), key
+    assert rows["one"]["grad_norm"] != pytest.approx(rows["token"]["grad_norm"], rel=1e-3)
+
+
 def test_dynamic_sampling_bound_fails_the_step_cleanly(scored, tiny_model, tmp_path):
     path = with_rewards(scored, tmp_path / "uniform.jsonl", {g: [1, 1] for g in range(8)})
     result = train(*base_args(tiny_model, tmp_path / "run", "--loss", "dapo", "--max-steps", "1", "--batch-groups", "2",

@@ -58,12 +58,13 @@ def step(model: str, loss: str, compile: bool, **options) -> tuple[dict, dict]:
 @pytest.mark.slow
 @pytest.mark.parametrize("loss, options", [
     ("fkl", {}),
+    ("fkl", {"loss_temperature": 1.5}),
     ("fkl", {"fkl_tail": False, "loss_temperature": 1.1}),
     ("rkl", {"ratio_clip": 1.5}),
     ("sft", {}),
     ("grpo", {"kl_coef": 0.1}),
     ("shift", {}),
-], ids=["fkl-tail", "fkl-topk-tau", "rkl", "sft", "grpo", "shift"])
+], ids=["fkl-tail", "fkl-tail-tau", "fkl-topk-tau", "rkl", "sft", "grpo", "shift"])
 def test_compiled_chunk_loss_matches_eager(tiny_model, loss, options):
     torch._dynamo.reset()
     eager_metrics, eager_grads = step(str(tiny_model), loss, False, **options)

@@ -49,7 +49,7 @@ Added by opd-score (named blocks; several may stack)
                        logprobs float[T], topk_ids int[T][k], topk_logprobs float[T][k]}
   shift          dict  {post, pre, k, ids int[T][k], delta float[T][k]} with
                        delta = log pi_post(id) - log pi_pre(id) at the student's top-k ids
-  reward         dict  {correct, format_ok, length_penalty, total, verifier}
+  reward         dict  {correct, format_ok, stop_ok, length_penalty, total, scale, verifier, extracted, reason}
 
 Encoding of per-token arrays
 ----------------------------

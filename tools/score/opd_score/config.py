@@ -42,6 +42,9 @@ class ScoreConfig:
     reward: str | None = opt(None, "Verifier reward: math.", choices=("math",))
     grader: str = opt("math", "math (math-verify + string fallback) or integer (AIME-style).",
                       choices=("math", "integer"))
+    reward_scale: str = opt("01", "Correctness part of reward.total: 01 (right 1, wrong 0) or pm1 (right +1, wrong "
+                                  "-1: DAPO's 2 * correct - 1); the overlong penalty is added to it.",
+                            choices=("01", "pm1"))
     require_stop: bool = opt(False, "Reward correctness only when finish_reason is 'stop'.")
     max_response_tokens: int | None = opt(None, "DAPO overlong penalty: L_max (response tokens).")
     overlong_buffer: int | None = opt(None, "DAPO overlong penalty: the soft buffer before L_max.")
@@ -94,6 +97,9 @@ class ScoreConfig:
             value = getattr(self, name)
             if value < (0 if name == "topk" else 1):
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= {0 if name == 'topk' else 1}, got {value}")
+        if self.reward_scale != "01" and not self.reward:
+            raise ConfigError(f"--reward-scale {self.reward_scale} goes with --reward math (it scales the verifier's "
+                              "reward)")
         if (self.overlong_buffer is None) != (self.max_response_tokens is None):
             raise ConfigError("--overlong-buffer and --max-response-tokens go together (the DAPO soft penalty)")
         if self.overlong_buffer is not None and not 0 < self.overlong_buffer <= self.max_response_tokens:

@@ -182,6 +182,8 @@ class Scorer:
     def _score_rewards(self, window) -> None:
         from opd_common.grading import reward
 
+        from .reward_scale import rescale
+
         cfg = self.config
         items = []
         for rec, where in window:
@@ -191,6 +193,7 @@ class Scorer:
             items.append((rec.get("response_text", ""), str(answer)))
         grades = self.grader.grade(items, cfg.grader)
         for (rec, _), grade in zip(window, grades, strict=True):
-            rec["reward"] = reward(grade, rec["finish_reason"], len(rec["response_ids"]), require_stop=cfg.require_stop,
-                                   max_response_tokens=cfg.max_response_tokens, overlong_buffer=cfg.overlong_buffer,
-                                   verifier=cfg.grader)
+            block = reward(grade, rec["finish_reason"], len(rec["response_ids"]), require_stop=cfg.require_stop,
+                           max_response_tokens=cfg.max_response_tokens, overlong_buffer=cfg.overlong_buffer,
+                           verifier=cfg.grader)
+            rec["reward"] = rescale(block, cfg.reward_scale, cfg.require_stop)

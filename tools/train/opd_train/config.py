@@ -45,6 +45,9 @@ class TrainConfig:
     kl_coef: float = opt(0.0, "grpo/dapo: coefficient of the k3 KL to the base model (adapter off); 0 = none.")
     dynamic_sampling: bool | None = opt(None, "grpo/dapo: drop groups whose correctness is all equal and read more "
                                               "[default: on for dapo, off for grpo].")
+    aggregation: str = opt("token-mean", "grpo/dapo: token-mean (each token of the step weighs the same; DAPO) or "
+                                         "response-mean (mean over each response's tokens, then over the step's "
+                                         "responses; the GRPO paper).", choices=("token-mean", "response-mean"))
     max_candidate_batches: int = opt(10, "dynamic sampling: fail the step (resume later) after reading this many "
                                          "batches' worth of groups without filling it.")
     max_staleness: int | None = opt(None, "Drop records with policy.version < steps done - S (whole groups with "
@@ -139,6 +142,10 @@ class TrainConfig:
         if self.self_teacher and obj.with_self_teacher is None:
             losses = " or ".join(name for name, o in OBJECTIVES.items() if o.with_self_teacher is not None)
             raise ConfigError(f"--self-teacher goes with --loss {losses} (the full-vocabulary forward KL)")
+        if self.aggregation != "token-mean" and not obj.group_advantages:
+            losses = " or ".join(name for name, o in OBJECTIVES.items() if o.group_advantages)
+            raise ConfigError(f"--aggregation {self.aggregation} goes with --loss {losses}; the other losses are "
+                              "token means over the step")
         if obj.group_advantages and self.batch_groups is None:
             raise ConfigError(f"--loss {self.loss} needs --batch-groups (advantages are normalized within groups)")
         for name, default in obj.defaults:

@@ -18,6 +18,7 @@ positions are passed in.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -109,40 +110,65 @@ def _kl_terms(teacher_logp_NK: torch.Tensor, student_logp_NK: torch.Tensor) -> t
     return torch.where(p_NK > 0, p_NK * (safe_t - student_logp_NK), torch.zeros_like(p_NK))
 
 
+TAIL_FLOOR = 1e-30  # the tail mass of an empty (k = V) or float32-unresolved tail: exp(-69), no -inf, no 0 * inf
+
+
+def tail_buckets(logp_NK: torch.Tensor, empty_N: torch.Tensor,
+                 exact_tail_N: torch.Tensor | None = None) -> torch.Tensor:
+    """[N, K + 1] log-probs at temperature 1 of the k ids and one tail bucket, log m with m = 1 - sum_k p(k)
+    (summed in float64; TAIL_FLOOR where m <= TAIL_FLOOR or where empty_N says the ids span the vocabulary).
+
+    fkl builds the teacher's and the student's buckets with this one construction, so identical log-probs give
+    bitwise identical buckets. The student passes exact_tail_N, log of its exact mass outside the ids: the tail's
+    value stays the construction's and its gradient is exact_tail_N's (the two differ by float32 rounding only).
+    """
+    mass_N = 1.0 - logp_NK.detach().double().exp().sum(-1)
+    log_mass_N = mass_N.clamp(min=TAIL_FLOOR).log().float()
+    log_mass_N = torch.where(empty_N, torch.full_like(log_mass_N, math.log(TAIL_FLOOR)), log_mass_N)
+    if exact_tail_N is not None:
+        straight_N = exact_tail_N - exact_tail_N.detach()  # value 0, gradient d exact_tail
+        log_mass_N = log_mass_N + torch.where(empty_N, torch.zeros_like(straight_N), straight_N)
+    return torch.cat([logp_NK, log_mass_N.unsqueeze(-1)], -1)
+
+
 def fkl(logits_NV: torch.Tensor, ids_NK: torch.Tensor, teacher_logp_NK: torch.Tensor, num_tokens: int, *,
         temperature: float = 1.0, clip: float | None = 0.05, tail: bool = True) -> LossOutput:
     """OPSD forward KL from the teacher's top-k log-probs (teacher_logp_NK at ids_NK, temperature 1).
 
     Summands j_{t,v} = q_T(v) (log q_T(v) - log q_S(v)), each clipped, j <- min(j, c), then
-    loss = sum_t sum_v j_{t,v} / #tokens. q_S is the student's softmax(logits / tau).
+    loss = sum_t sum_v j_{t,v} / #tokens.
 
-    tail=True (a true KL): the k ids plus one tail bucket holding the rest of the vocabulary.
-      Teacher: p_T at the k ids and m = 1 - sum_k p_T(k) in the tail, tempered as a (k+1)-bucket
-      categorical, q_T ∝ p_T^(1/tau) (exact at tau = 1; at tau != 1 the tail is tempered as one
-      bucket because its inner distribution is not in the record). Student: exact q_S at the k
-      ids and q_S(tail) = sum of q_S outside them. With k = V this is the full-vocabulary KL.
+    tail=True (a true KL): the k ids plus one tail bucket holding the rest of the vocabulary, the same
+      construction on both sides (tail_buckets): at temperature 1, p(k) at the k ids and m = 1 - sum_k p(k) in
+      the tail (teacher: the record's log-probs; student: log_softmax(logits) at the ids), then that
+      (k+1)-bucket categorical is tempered, q(b) ∝ P(b)^(1/tau). Teacher = student gives exactly 0 at any
+      tau; at tau = 1 this is the KL of the two bucketed distributions, and with k = V (or V - 1) the
+      full-vocabulary KL at any tau. The student's tail gradient is that of its exact mass outside the ids.
     tail=False (OPSD's top-k variant): both sides renormalized over the k ids,
       q_T = softmax_k(log p_T / tau), q_S = softmax_k(logits_k / tau).
     Metrics: fkl (the unclipped divergence), fkl_clipped_frac (tokens with a clipped summand),
     teacher_tail_mass (m at temperature 1).
     """
-    s_NV = logits_NV.float() / temperature
+    s_NV = logits_NV.float()
     ids_NK = ids_NK.long()
     t_NK = teacher_logp_NK.float()
     s_NK = s_NV.gather(-1, ids_NK)
     tail_mass_N = (1.0 - t_NK.exp().sum(-1)).clamp(min=0.0)
     if tail:
-        log_z_N = torch.logsumexp(s_NV, -1, keepdim=True)
-        floor = torch.finfo(torch.float32).min / 4  # finite: a full top-k (k = V) leaves an empty tail
-        rest_NV = s_NV.scatter(-1, ids_NK, floor)
-        student_NB = torch.cat([s_NK, torch.logsumexp(rest_NV, -1, keepdim=True)], -1) - log_z_N
+        empty_N = torch.zeros_like(tail_mass_N, dtype=torch.bool)
         if ids_NK.shape[-1] >= s_NV.shape[-1]:  # ids spanning the vocabulary: the tail is empty, not float32 dust
-            covered_N = torch.zeros_like(s_NV, dtype=torch.bool).scatter(-1, ids_NK, True).all(-1)
-            tail_mass_N = torch.where(covered_N, torch.zeros_like(tail_mass_N), tail_mass_N)
-        teacher_NB = torch.cat([t_NK, tail_mass_N.log().unsqueeze(-1)], -1) / temperature
-        teacher_NB = torch.log_softmax(teacher_NB, -1)
+            empty_N = torch.zeros_like(s_NV, dtype=torch.bool).scatter(-1, ids_NK, True).all(-1)
+            tail_mass_N = torch.where(empty_N, torch.zeros_like(tail_mass_N), tail_mass_N)
+        log_z_N = torch.logsumexp(s_NV, -1)
+        floor = torch.finfo(torch.float32).min / 4  # finite: a full top-k (k = V) leaves an empty tail
+        exact_tail_N = torch.logsumexp(s_NV.scatter(-1, ids_NK, floor), -1) - log_z_N
+        logp_NK = s_NK - log_z_N.unsqueeze(-1)  # as opd-score's hf teacher computes the record's log-probs
+        student_NB = tail_buckets(logp_NK, empty_N, exact_tail_N)
+        teacher_NB = tail_buckets(t_NK, empty_N)
+        student_NB = torch.log_softmax(student_NB / temperature, -1)
+        teacher_NB = torch.log_softmax(teacher_NB / temperature, -1)
     else:
-        student_NB = torch.log_softmax(s_NK, -1)
+        student_NB = torch.log_softmax(s_NK / temperature, -1)
         teacher_NB = torch.log_softmax(t_NK / temperature, -1)
     j_NB = _kl_terms(teacher_NB, student_NB)
     per_token_N, clipped_N = _clipped_sum(j_NB, clip)
@@ -223,6 +249,14 @@ def group_advantages(rewards_G: torch.Tensor, eps: float = 1e-6) -> torch.Tensor
     return ((r_G - r_G.mean()) / (r_G.std() + eps)).float()
 
 
+def response_mean_weights(lengths_B: list[int]) -> list[float]:
+    """Per-token weights of the GRPO paper's per-response mean for the B responses of one optimizer step (lengths
+    T_i): every token of response i gets w_i = sum_j T_j / (B T_i), so that the token-sum form every loss has,
+    sum_t w_t x_t / #tokens, is (1/B) sum_i (1/T_i) sum_{t in i} x_t; micro-batches and ranks still add up."""
+    total, count = sum(lengths_B), len(lengths_B)
+    return [total / (count * length) for length in lengths_B]
+
+
 def dynamic_sampling_keep(correct_G) -> bool:
     """DAPO dynamic sampling: keep a group unless its correctness is all equal (all 0 or all 1)."""
     return len(set(float(c) for c in correct_G)) > 1
@@ -231,7 +265,7 @@ def dynamic_sampling_keep(correct_G) -> bool:
 def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
              advantage_N: torch.Tensor, num_tokens: int, *, clip_low: float = 0.2, clip_high: float = 0.28,
              dual_clip: float | None = 10.0, ref_logp_N: torch.Tensor | None = None,
-             kl_coef: float = 0.0) -> LossOutput:
+             kl_coef: float = 0.0, token_weight_N: torch.Tensor | None = None) -> LossOutput:
     """GRPO/DAPO clipped surrogate (PPO with clip-higher and dual clip) plus an optional k3 KL.
 
     r_t = exp(log p_S(y_t) - log p_S_old(y_t)), A_t the group advantage of the token's response;
@@ -239,8 +273,9 @@ def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N:
     pg_t = min(pg1_t, -A_t c) when A_t < 0 (dual clip c), else pg1_t;
     loss = sum_t pg_t / #tokens + kl_coef * sum_t k3_t / #tokens,  k3_t = exp(D_t) - D_t - 1,
     D_t = log p_ref(y_t) - log p_S(y_t) (the base model, adapter disabled).
-    Clamped or dual-clipped tokens have no gradient. Metrics: pg, ratio, clip_frac, dual_clip_frac,
-    advantage, k3 (with ref_logp_N).
+    With token_weight_N (w_t, response_mean_weights) both sums are sum_t w_t (.) / #tokens instead: the
+    per-response mean. Clamped or dual-clipped tokens have no gradient. Metrics: pg and k3 (with ref_logp_N) as
+    they enter the loss; ratio, clip_frac, dual_clip_frac and advantage, token means.
     """
     logp_N = token_logprobs(logits_NV, targets_N)
     a_N = advantage_N.float().detach()
@@ -255,14 +290,16 @@ def ppo_clip(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N:
         cap_N = -a_N * dual_clip
         dual_active_N = ((a_N < 0) & (pg1_N > cap_N)).detach()
         pg_N = torch.where(dual_active_N, cap_N, pg1_N)
-    pg = pg_N.sum() / num_tokens
+    w_N = None if token_weight_N is None else token_weight_N.float().detach()
+    pg = (pg_N if w_N is None else w_N * pg_N).sum() / num_tokens
     loss = pg
     metrics = {"pg": pg.detach(), "ratio": ratio_N.detach().sum() / num_tokens,
                "clip_frac": clip_active_N.float().sum() / num_tokens,
                "dual_clip_frac": dual_active_N.float().sum() / num_tokens, "advantage": a_N.sum() / num_tokens}
     if ref_logp_N is not None:
         d_N = ref_logp_N.float().detach() - logp_N
-        k3 = (torch.exp(d_N) - d_N - 1).sum() / num_tokens
+        k3_N = torch.exp(d_N) - d_N - 1
+        k3 = (k3_N if w_N is None else w_N * k3_N).sum() / num_tokens
         if kl_coef:
             loss = loss + kl_coef * k3
         metrics["k3"] = k3.detach()

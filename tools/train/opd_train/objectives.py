@@ -69,7 +69,8 @@ class Objective:
     temperature: Callable[[Any], float] = _one  # of the softmax the loss takes of the logits
     reference: Callable[[Any], bool] = _never  # needs ref_logp: log p_ref(y_t) of the base weights
     self_teacher: bool = False  # needs teacher_logits: the base weights on the Example's teacher_context
-    group_advantages: bool = False  # tokens["advantage"] = the group-normalized reward (needs --batch-groups)
+    group_advantages: bool = False  # tokens["advantage"] = the group-normalized reward (needs --batch-groups),
+    # and tokens["weight"] under --aggregation response-mean
     adaptive_beta: bool = False  # beta <- losses.update_beta(beta, the step's weighted_shift) after each step
     defaults: tuple[tuple[str, Callable[[Any], Any]], ...] = ()  # config field -> its value when unset (None)
     with_self_teacher: Objective | None = field(default=None, repr=False)  # the variant used with --self-teacher
@@ -164,7 +165,8 @@ def _build_shift(obj, ex, rec, where, config, render) -> None:
 
 # --------------------------------------------------------------------------- the registry
 
-_PPO = Call("ppo_clip", ("targets_N", "behaviour_logp", "advantage", "num_tokens"), (("ref_logp_N", "ref_logp"),),
+_PPO = Call("ppo_clip", ("targets_N", "behaviour_logp", "advantage", "num_tokens"),
+            (("ref_logp_N", "ref_logp"), ("token_weight_N", "weight")),
             lambda c: {"clip_low": c.clip_low, "clip_high": c.clip_high, "dual_clip": c.dual_clip,
                        "kl_coef": c.kl_coef})
 _RL = dict(reads=("logprobs", "reward.total", "reward.correct"), build=_build_rl, call=_PPO,
@@ -186,7 +188,7 @@ OBJECTIVES: dict[str, Objective] = {obj.name: obj for obj in [
               hint="score with opd-score --topk K or --at-student-topk, or use --self-teacher",
               call=Call("fkl", ("ids", "teacher_logp", "num_tokens"),
                         options=lambda c: {"temperature": c.loss_temperature, "clip": c.kl_clip, "tail": c.fkl_tail}),
-              compact="ids", temperature=lambda c: c.loss_temperature, with_self_teacher=_FKL_SELF),
+              compact="ids", with_self_teacher=_FKL_SELF),  # reads softmax(logits) at temperature 1 (losses.fkl)
     Objective("shift", reads=("shift.ids", "shift.delta"), build=_build_shift,
               hint="score with opd-score --shift post=MODEL,pre=MODEL",
               call=Call("shift", ("ids", "delta", "targets_N", "ref_logp", "num_tokens"), (("beta", "beta"),)),

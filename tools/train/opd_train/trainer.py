@@ -41,12 +41,18 @@ def lr_factor(step: int, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def set_group_advantages(examples) -> None:
-    """grpo/dapo: every token of a response gets its group's normalized reward (losses.group_advantages)."""
+def set_group_advantages(examples, aggregation: str = "token-mean") -> None:
+    """grpo/dapo: every token of a response gets its group's normalized reward (losses.group_advantages); with
+    aggregation response-mean also its response's weight over the whole step (losses.response_mean_weights)."""
     import numpy as np
     import torch
 
-    from .losses import group_advantages
+    from .losses import group_advantages, response_mean_weights
+
+    if aggregation == "response-mean":
+        weights = response_mean_weights([len(ex.response_ids) for ex in examples])
+        for ex, w in zip(examples, weights, strict=True):
+            ex.tokens["weight"] = np.full(len(ex.response_ids), w, np.float32)
 
     groups: dict[str, list] = {}
     for ex in examples:
@@ -165,7 +171,7 @@ class Trainer:
         t0 = time.perf_counter()
         num_tokens = sum(len(ex.response_ids) for ex in examples)  # the whole step, all ranks
         if self.objective.group_advantages:
-            set_group_advantages(examples)
+            set_group_advantages(examples, cfg.aggregation)
         local = sorted(examples[self.rank::self.world], key=lambda e: -e.length)
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
