@@ -91,7 +91,8 @@ class RecordParquetWriter:
             return
         first = self.count - len(self._batch) + 1
         try:
-            schema = pa.Table.from_pylist(self._batch).schema
+            keys = list(dict.fromkeys(k for row in self._batch for k in row))  # from_pylist: the first row's only
+            schema = pa.Table.from_pydict({k: [row.get(k) for row in self._batch] for k in keys}).schema
             self.schema = schema if self.schema is None else pa.unify_schemas([self.schema, schema],
                                                                                promote_options="permissive")
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
