@@ -230,3 +230,27 @@ def test_parquet_rows_come_out_before_the_file_is_read(tmp_path):
         assert f.bytes_read() < size / 5, (f.bytes_read(), size)
         assert sum(1 for _ in stream) == 3999
         assert f.bytes_read() >= size * 0.9  # and then everything was read
+
+
+# ----------------------------------------------------------------------------- opd-eval
+
+
+def test_eval_reads_a_verl_parquet(tiny_model, tmp_path):
+    from click.testing import CliRunner
+
+    from opd_common.tables import footer_sha256
+    from opd_eval.benchmarks import load_benchmark
+    from opd_eval.cli import command
+
+    path = write_parquet(tmp_path / "test.parquet", verl_rows())
+    bench = load_benchmark(None, str(path))
+    assert [(p.prompt_id, p.answer) for p in bench.problems] == [(str(10 + i), a) for i, (_, a) in enumerate(PROBLEMS)]
+    assert bench.name == "data:test.parquet" and bench.file_sha256 == footer_sha256(path)
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(command, ["run", "--model", str(tiny_model), "--engine", "hf", "--data", str(path),
+                                          "-n", "1", "--max-tokens", "4", "--grade-workers", "1", "--quiet",
+                                          "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    results = json.loads(out.read_text())
+    assert results["benchmark"]["problems"] == 3
+    assert [p["answer"] for p in results["metrics"]["per_problem"]] == [a for _, a in PROBLEMS]
