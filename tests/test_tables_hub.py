@@ -86,7 +86,7 @@ def test_rollout_reads_a_hub_dataset(hub, tmp_path, tiny_model):
      f"Error: input hf://datasets/{REPO}: split 'train' does not exist (Bad split: train. "
      f"Available splits: ['test']); name one: hf://datasets/{REPO}[@REV]:SPLIT"),
     ("hf://datasets/org-only", "Error: input 'hf://datasets/org-only': expected "
-     "hf://datasets/ORG/NAME[@REVISION][:SPLIT], e.g. hf://datasets/openai/gsm8k@main:test"),
+     "hf://datasets/ORG/NAME[@REVISION][:SPLIT], e.g. hf://datasets/HuggingFaceH4/MATH-500@main:test"),
 ])
 def test_bad_hub_inputs_are_one_line(hub, tmp_path, spec, expected):
     proc = run(hub, tmp_path, "-c", READ, spec)

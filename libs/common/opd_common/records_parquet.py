@@ -114,12 +114,22 @@ class RecordParquetWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from .streams import iter_inputs
-
         schema = (self.schema or pa.schema([])).append(pa.field(ABSENT, pa.list_(pa.list_(pa.string()))))
         schema = schema.with_metadata({METADATA_KEY: b"records opd/1"})
         tmp = self.out.with_name(self.out.name + ".tmp")
-        with pq.ParquetWriter(tmp, schema) as writer:
+        try:
+            self._write_rows(pq.ParquetWriter(tmp, schema), schema)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        os.replace(tmp, self.out)
+
+    def _write_rows(self, parquet_writer, schema) -> None:
+        import pyarrow as pa
+
+        from .streams import iter_inputs
+
+        with parquet_writer as writer:
             rows: list[dict] = []
             for rec, _ in iter_inputs([str(self.spool_path)], check=False):
                 row = arrow_value(rec)
@@ -130,7 +140,6 @@ class RecordParquetWriter:
                     rows = []
             if rows:
                 writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-        os.replace(tmp, self.out)
 
     def __enter__(self) -> RecordParquetWriter:
         return self

@@ -54,7 +54,7 @@ def parse_hub(spec: str) -> TableSpec:
     repo, _, revision = rest.partition("@")
     if repo.count("/") != 1 or not all(repo.split("/")) or (split == "") or ("@" in rest and not revision):
         raise ConfigError(f"input {spec!r}: expected hf://datasets/ORG/NAME[@REVISION][:SPLIT], "
-                          "e.g. hf://datasets/openai/gsm8k@main:test")
+                          "e.g. hf://datasets/HuggingFaceH4/MATH-500@main:test")
     return TableSpec(spec, "hub", repo, split or "train", revision or None)
 
 
