@@ -254,3 +254,17 @@ def test_eval_reads_a_verl_parquet(tiny_model, tmp_path):
     results = json.loads(out.read_text())
     assert results["benchmark"]["problems"] == 3
     assert [p["answer"] for p in results["metrics"]["per_problem"]] == [a for _, a in PROBLEMS]
+
+
+def test_prompter_formats_without_a_model():
+    from opd_common.prompts import Prompter, PromptRow
+    from opd_common.records import Where
+
+    where = Where("x.jsonl", 1)
+    default = Prompter(DEFAULT_TEMPLATE, "problem", "t")
+    row = {"problem": "p", "messages": [{"role": "user", "content": "m"}]}  # a text problem comes first
+    assert default.messages(PromptRow("a", row, where)) == [{"role": "user", "content": user_text("p")}]
+    parts = {"prompt": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert default.messages(PromptRow("a", parts, where)) == [{"role": "user", "content": "ab"}]
+    custom = Prompter("Q: {q}\nA:", "problem", "t")  # no {problem}: the template is filled from the row as it is
+    assert custom.messages(PromptRow("a", {"q": "1+1?"}, where)) == [{"role": "user", "content": "Q: 1+1?\nA:"}]
