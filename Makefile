@@ -10,7 +10,7 @@ $(BIN)/opd-rollout: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cpu,eval,publish,test]'
+	$(BIN)/pip install -q -e '.[cpu,eval,publish,data,test]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 

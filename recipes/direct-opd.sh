@@ -5,6 +5,7 @@
 # top-16 probabilities) plus an adaptive k3 KL to the initial student.
 #
 #   recipes/direct-opd.sh --model Qwen/Qwen2.5-7B-Instruct --post POST_MODEL --pre PRE_MODEL --out runs/dopd
+#   recipes/direct-opd.sh ... --data opd_train.parquet     # the seed's training file (verl's layout)
 #
 # Pipeline (strictly on-policy):
 #   opd-rollout --follow OUT --max-lag 0 --topk-logprobs 16 | opd-score --shift post=POST,pre=PRE --shift-k 16
@@ -27,8 +28,12 @@
 #     exactly the initial student since LoRA B starts at zero.
 #   - The seed's post/pre pair is not fixed here (--post and --pre are required): any two models
 #     sharing the student's tokenizer.
-#   - Training data: the bundled MATH train set (--data train-math); the chat template is applied once
-#     by the rollout (--thinking off: Qwen2.5 has no thinking mode, the flag is ignored by its template).
+#   - Training data: the bundled MATH train set (--data train-math), or the seed's own data as it is:
+#     --data opd_train.parquet (verl's layout: the chat `prompt` column is the prompt, system turns kept;
+#     reward_model.ground_truth becomes example.answer; extra_info.index the prompt id), or any input
+#     opd-rollout reads (a parquet folder, a datasets folder, hf://datasets/ORG/NAME@REV:SPLIT). The chat
+#     template is applied once by the rollout (--thinking off: Qwen2.5 has no thinking mode, the flag is
+#     ignored by its template).
 #
 # Other flags: --out DIR (required), --engine auto|vllm|hf (the rollout; opd-score's shift always
 # runs on its exact hf engine), --extra-rollout/--extra-score/--extra-train "FLAGS", --bin DIR.

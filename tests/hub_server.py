@@ -3,7 +3,9 @@ and hf_hub_download call for create_repo, create_commit (preupload + NDJSON comm
 answered "regular", i.e. sent base64 inline, except *.safetensors / *.pt: "lfs", uploaded through
 the LFS batch API with a basic PUT and verify), list_repo_tree (LFS files carry their sha256 as
 the Hub gives it), repo_info, create_branch and resolve downloads (HEAD + GET with ETag and
-X-Repo-Commit). Tests set HF_HUB_DISABLE_XET so LFS files take the LFS (not Xet) protocol.
+X-Repo-Commit). Dataset repos (what `datasets.load_dataset` reads) live under the key "datasets/ORG/NAME"
+and are served on the same routes with the Hub's /api/datasets/ and /datasets/ prefixes. Tests set
+HF_HUB_DISABLE_XET so LFS files take the LFS (not Xet) protocol.
 
 State is in memory: repo -> branch -> commit id, commit id -> {path: bytes}. Tests inject faults
 through `fail_commit` (a predicate on the commit summary -> HTTP 500) and `corrupt()` (rewrite a
@@ -46,12 +48,12 @@ class HubState:
         self.files(repo_id, revision)[path] = data
 
 
-API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/(?P<op>preupload|commit|tree|revision|branch)/"
+API = re.compile(r"^/api/(?P<type>models|datasets)/(?P<repo>[^/]+/[^/]+)/(?P<op>preupload|commit|tree|revision|branch)/"
                  r"(?P<rev>[^/]+)(?P<rest>/.*)?$")
 LFS_SUFFIXES = (".safetensors", ".pt")
 BATCH = re.compile(r"^/(?P<repo>[^/]+/[^/]+)\.git/info/lfs/objects/batch$")
 LFS_OBJECT = re.compile(r"^/lfs/(?P<op>upload|verify)/(?P<oid>[0-9a-f]{64})$")
-RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
+RESOLVE = re.compile(r"^/(?P<repo>(?:datasets/)?[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>.+)$")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -96,7 +98,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(200, {"errors": [], "warnings": []})
         m = API.match(path)
         if m:
-            repo, op, rev = m["repo"], m["op"], m["rev"]
+            repo, op, rev = ("datasets/" if m["type"] == "datasets" else "") + m["repo"], m["op"], m["rev"]
             body = self._body() if method == "POST" else b""
             with self.state.lock:
                 if op == "branch" and method == "POST":

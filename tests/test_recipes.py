@@ -55,6 +55,29 @@ def test_direct_opd(tiny_model, tiny_teacher, tmp_path):
     assert rows[0]["beta"] == 2.5
 
 
+def test_direct_opd_takes_the_seeds_parquet(tiny_model, tiny_teacher, tmp_path):
+    """--data opd_train.parquet in the seed's (verl's) layout: the rollout reads it as it is."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "math", "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+             "extra_info": {"split": "train", "index": i}} for i in range(6)]
+    data = tmp_path / "opd_train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    out = tmp_path / "run"
+    done = run_recipe("direct-opd", out, "--model", str(tiny_model), "--post", str(tiny_teacher),
+                      "--pre", str(tiny_model), "--group-size", "2", "--data", str(data))
+    check_run(done, out, ["weighted_shift", "k3"])
+    rows[0]["prompt"] = [{"role": "system", "content": "no user turn"}]  # proof the recipe reads this file
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    done = run_recipe("direct-opd", tmp_path / "run2", "--model", str(tiny_model), "--post", str(tiny_teacher),
+                      "--pre", str(tiny_model), "--group-size", "2", "--data", str(data))
+    assert done.returncode != 0
+    assert ("Error: row 1 of opd_train.parquet: the conversation in 'prompt' has no user turn (roles: system)"
+            in done.stderr), done.stderr[-2000:]
+
+
 def test_dapo(tiny_model, tmp_path):
     """The tiny random model answers nothing right: every group is all-wrong, so dynamic sampling would drop
     them all (and the --follow loop would wait for input forever); the test turns it off."""

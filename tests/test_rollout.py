@@ -328,7 +328,7 @@ def _bad_json(tmp_path: Path) -> str:
 
 def _no_problem(tmp_path: Path) -> str:
     path = tmp_path / "questions.jsonl"
-    path.write_text('{"id": "a", "question": "1+1?"}\n')
+    path.write_text('{"id": "a", "query": "1+1?"}\n')  # 'question' would be a recognised prompt field
     return str(path)
 
 
@@ -343,8 +343,9 @@ def test_bad_input_is_one_clear_error_and_no_manifest(tiny_model, tmp_path, case
             "at column 13)")
     elif case == "missing-field":
         args, expected = [_no_problem(tmp_path)], (
-            "Error: line 1 of questions.jsonl has no 'problem' field "
-            "(set --prompt-field or --template to match the rows' fields: id, question)")
+            "Error: line 1 of questions.jsonl has no prompt: expected a text field (problem, prompt, question) or a "
+            "conversation (prompt, messages: {role, content} lists); its columns: id, query; name the prompt column "
+            "with --prompt-field (or fill --template from the columns)")
     elif case == "unknown-benchmark":
         args, expected = ["aime2024"], (
             "Error: unknown benchmark 'aime2024' (did you mean 'aime24'?); "

@@ -198,8 +198,9 @@ def test_check_false_reads_foreign_jsonl_unvalidated(tmp_path):
 def test_missing_input_is_named():
     with pytest.raises(StreamError) as info:
         read_all("nope.jsonl")
-    assert str(info.value) == ("input 'nope.jsonl' does not exist "
-                               "(expected '-', a .jsonl/.jsonl.zst file or a shard directory)")
+    assert str(info.value) == ("input 'nope.jsonl' does not exist (expected '-', a .jsonl/.jsonl.zst or .parquet "
+                               "file, a shard, parquet or datasets save_to_disk directory, or "
+                               "hf://datasets/ORG/NAME[@REV][:SPLIT])")
 
 
 def test_stream_writer_flush_makes_compressed_records_readable_before_close():

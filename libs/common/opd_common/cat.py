@@ -140,37 +140,52 @@ def _reward_summary(rewards: list[dict]) -> dict[str, Any]:
 @click.option("--tokenizer", help="Tokenizer for --decode [default: each record's policy.model].")
 @click.option("--summary", is_flag=True, help="Print one JSON summary (records, groups, lengths, blocks) instead.")
 @click.option("--no-check", is_flag=True, help="Do not validate records against the schema.")
-def command(inputs, fields, head, decode, tokenizer, summary, no_check):
+@click.option("--parquet", "parquet", metavar="OUT.parquet",
+              help="Write the records to this parquet file (one row each, per-token arrays as list columns) "
+                   "instead of stdout.")
+def command(inputs, fields, head, decode, tokenizer, summary, no_check, parquet):
     """Print opd records from files, shard directories or stdin.
 
     \b
       opd-rollout --model M aime24 | opd-cat --summary
       opd-cat rollouts/ --head 1 --decode | jq .response_tokens
       opd-cat scored.jsonl.zst --fields id,reward.total
+      opd-cat scored/ --parquet scored.parquet   # then pandas/polars/DuckDB
 
-    INPUTS: '-' (stdin, the default), .jsonl/.jsonl.zst files (zstd by magic bytes), or
-    shard directories (manifest.json and shard hashes are checked).
+    INPUTS: '-' (stdin, the default), .jsonl/.jsonl.zst files (zstd by magic bytes),
+    shard directories (manifest.json and shard hashes are checked), or .parquet files
+    (those --parquet writes read back as the records).
     """
     if head is not None and head < 0:
         raise ConfigError(f"--head must be >= 0, got {head}")
+    if parquet and summary:
+        raise ConfigError("--parquet writes the records and --summary prints one summary instead; give one of them")
     keep = [f.strip() for f in fields.split(",") if f.strip()] if fields else None
     decoder = Decoder(tokenizer) if decode else None
     acc = Summary() if summary else None
-    writer = StreamWriter(encoding="json" if decode else "packed")
+    writer = _writer(parquet, decode)
     records = iter_inputs(inputs, check=not no_check)
     if head is not None:  # stop reading at once: a later record is never read (or waited for)
         records = itertools.islice(records, head)
-    for number, (rec, _where) in enumerate(records):
+    with writer:  # a failure leaves no --parquet file (and no spool)
+        for number, (rec, _where) in enumerate(records):
+            if acc is not None:
+                acc.add(rec)
+                continue
+            out = decoder(rec) if decoder else rec
+            writer.write(select(out, keep) if keep else out)
+            if number % 64 == 0:
+                writer.flush()
         if acc is not None:
-            acc.add(rec)
-            continue
-        out = decoder(rec) if decoder else rec
-        writer.write(select(out, keep) if keep else out)
-        if number % 64 == 0:
-            writer.flush()
-    if acc is not None:
-        sys.stdout.buffer.write(orjson.dumps(acc.result(), option=orjson.OPT_INDENT_2) + b"\n")
-    writer.close()
+            sys.stdout.buffer.write(orjson.dumps(acc.result(), option=orjson.OPT_INDENT_2) + b"\n")
+
+
+def _writer(parquet: str | None, decode: bool):
+    if parquet:
+        from .records_parquet import RecordParquetWriter
+
+        return RecordParquetWriter(parquet)
+    return StreamWriter(encoding="json" if decode else "packed")
 
 
 def main(argv: list[str] | None = None):

@@ -70,15 +70,18 @@ def load_causal_lm(model: str, revision: str | None, dtype, device: str, adapter
 
 
 def render_chat(tokenizer, user_message: str, thinking: bool) -> list[int]:
-    """Apply the chat template once (one user turn + generation prompt) and tokenize.
+    """Apply the chat template once (one user turn + generation prompt) and tokenize."""
+    return render_messages(tokenizer, [{"role": "user", "content": user_message}], thinking)
+
+
+def render_messages(tokenizer, messages: list[dict[str, str]], thinking: bool) -> list[int]:
+    """Apply the chat template once to a conversation (system turns kept) + generation prompt, and tokenize.
 
     ``thinking`` is passed as ``enable_thinking`` (Qwen3 templates honour it; others ignore it).
     The text is tokenized without adding special tokens again: the template already has them.
     """
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True,
-        enable_thinking=thinking,
-    )
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=thinking)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

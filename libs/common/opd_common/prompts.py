@@ -1,9 +1,12 @@
 """Prompts, the one template system (docs/architecture.md, Templates).
 
-The student's prompt: an input is ``-`` (stdin), a JSONL(.zst) file, a shard directory, or the name of a
-bundled dataset (``aime24``, ``math500``, ...). Each row is a JSON object; its ``--id-field`` (default ``id``)
-becomes the prompt id, else ``SOURCE-LINE``. ``--template`` (a Python format string over the row, default
-DEFAULT_TEMPLATE: the OPSD student / evaluation prompt) renders the row's user message (render_message).
+The student's prompt: an input is ``-`` (stdin), a JSONL(.zst) file, a shard directory, a table (parquet,
+a datasets save_to_disk folder, ``hf://datasets/ORG/NAME@REV:SPLIT``: opd_common.tables) or the name of a
+bundled dataset (``aime24``, ``math500``, ...). Each row is a JSON object; its ``--id-field`` (default ``id``,
+else verl's ``extra_info.index``) becomes the prompt id, else ``SOURCE-LINE``. The row's format
+(opd_common.formats: a plain text field, a conversation, verl's layout) decides its chat messages (Prompter):
+``--template`` (a Python format string over the row, default DEFAULT_TEMPLATE: the OPSD student / evaluation
+prompt) renders a plain field into the user message (render_message); a conversation is used as it is.
 
 The teacher's prompt: privileged context rendered from a record's `example` fields. A teacher template is a
 file: ``*.j2``/``*.jinja`` are Jinja templates, anything else is a Python ``str.format`` string (``{{}}``
@@ -17,6 +20,7 @@ boxed-answer instruction.
 
 from __future__ import annotations
 
+import logging
 import string
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,10 +77,11 @@ class PromptRow:
 def resolve_prompt_specs(specs: list[str]) -> list[str]:
     """Map bundled dataset names to their files; leave paths and '-' alone; reject unknown names."""
     from opd_common.streams import resolve_input
+    from opd_common.tables import parse_table_spec
 
     resolved = []
     for spec in specs or ["-"]:
-        if spec == "-" or Path(spec).exists():
+        if spec == "-" or Path(spec).exists() or parse_table_spec(spec) is not None:
             resolved.append(spec)
         elif spec in BUNDLED or not any(c in spec for c in "/.\\"):
             resolved.append(str(bundled_path(spec)))  # raises "unknown benchmark ... did you mean"
@@ -88,22 +93,22 @@ def resolve_prompt_specs(specs: list[str]) -> list[str]:
 def iter_prompt_rows(specs: list[str], id_field: str, sources: list[InputSource] | None = None,
                      limit: int | None = None) -> Iterator[PromptRow]:
     """Rows of already-resolved specs (see resolve_prompt_specs), with unique prompt ids."""
+    from opd_common.formats import row_id, verl_answer
     from opd_common.streams import iter_inputs
 
     seen: dict[str, Where] = {}
     count = 0
     for row, where in iter_inputs(specs, check=False, sources=sources):
         if not isinstance(row, dict):
-            raise RecordError(f"line {where.number} of {where.source}: expected a JSON object, "
-                              f"got {type(row).__name__}")
-        prompt_id = str(row[id_field]) if row.get(id_field) is not None else f"{Path(where.source).stem}-{where.number}"
+            raise RecordError(f"{where.at}: expected a JSON object, got {type(row).__name__}")
+        prompt_id = row_id(row, id_field) or f"{Path(where.source).stem}-{where.number}"
         if prompt_id in seen:
             raise RecordError(
-                f"line {where.number} of {where.source}: prompt id {prompt_id!r} repeats line {seen[prompt_id].number} "
-                f"of {seen[prompt_id].source} (ids in --id-field '{id_field}' must be unique)"
+                f"{where.at}: prompt id {prompt_id!r} repeats {seen[prompt_id].at} "
+                f"(ids in --id-field '{id_field}' must be unique)"
             )
         seen[prompt_id] = where
-        yield PromptRow(prompt_id, row, where)
+        yield PromptRow(prompt_id, verl_answer(row), where)
         count += 1
         if limit is not None and count >= limit:
             return
@@ -123,13 +128,36 @@ def render_message(template: str, row: dict[str, Any], prompt_field: str, where:
         if key not in values:
             wanted = prompt_field if key == "problem" else key
             raise RecordError(
-                f"line {where.number} of {where.source} has no '{wanted}' field "
+                f"{where.at} has no '{wanted}' field "
                 f"(set --prompt-field or --template to match the rows' fields: {', '.join(sorted(row))})"
             )
     try:
         return template.format(**values)
     except (IndexError, KeyError, ValueError, AttributeError) as exc:
-        raise StreamError(f"--template cannot be filled from line {where.number} of {where.source} ({exc})") from None
+        raise StreamError(f"--template cannot be filled from {where.at} ({exc})") from None
+
+
+class Prompter:
+    """Prompt rows -> the chat messages the chat template is applied to, in the format each row is in
+    (opd_common.formats); the format is logged on stderr once per input and format."""
+
+    def __init__(self, template: str, prompt_field: str, tool: str):
+        self.template, self.prompt_field = template, prompt_field
+        self.uses_problem = "problem" in {name.split(".")[0].split("[")[0] for name in template_fields(template)}
+        self.log = logging.getLogger(tool)
+        self.logged: set[str] = set()
+
+    def messages(self, prow: PromptRow) -> list[dict[str, str]]:
+        from opd_common.formats import PromptFormat, chat_messages, detect
+
+        fmt = detect(prow.row, self.prompt_field, prow.where) if self.uses_problem else PromptFormat("template", None)
+        if fmt.describe() not in self.logged:
+            self.logged.add(fmt.describe())
+            self.log.info("prompt format %s (first seen at %s)", fmt.describe(), prow.where.at)
+        if fmt.kind in ("chat", "verl"):
+            return chat_messages(prow.row, fmt, prow.where)
+        text = render_message(self.template, prow.row, fmt.field or self.prompt_field, prow.where)
+        return [{"role": "user", "content": text}]
 
 
 # ------------------------------------------------------------------------- the teacher's prompt

@@ -114,9 +114,15 @@ class Where:
 
     source: str
     number: int  # 1-based
+    unit: str = "line"  # how a prompt row is named: "line" (JSONL) or "row" (parquet, datasets)
 
     def __str__(self) -> str:
         return f"record {self.number} of {self.source}"
+
+    @property
+    def at(self) -> str:
+        """The row, for prompt-row errors: 'line 3 of prompts.jsonl', 'row 3 of train.parquet'."""
+        return f"{self.unit} {self.number} of {self.source}"
 
 
 # --------------------------------------------------------------------------- packing

@@ -2,7 +2,8 @@
 
 Inputs: ``-`` (stdin), ``*.jsonl`` or ``*.jsonl.zst`` files (zstd is detected by its magic bytes,
 not by the name), or a shard directory written by an opd tool (its ``manifest.json`` is required
-and every shard's sha256 and record count are checked before its records are read).
+and every shard's sha256 and record count are checked before its records are read); or a table
+(opd_common.tables): parquet files and folders, datasets' save_to_disk folders, hf://datasets/ ids.
 
 Outputs: stdout (one record per line, flushed per batch so pipes overlap), optionally zstd
 (``--compress``); or ``--out DIR``: ``NAME-00000.jsonl.zst`` shards of ``--shard-size`` records,
@@ -37,6 +38,7 @@ MANIFEST = "manifest.json"
 PROGRESS = "progress.json"  # shards completed so far, while a resumable writer runs
 RESUME_IGNORED = ("resume", "overwrite", "quiet")
 ENCODINGS = ("packed", "json")
+TABLE_KINDS = ("parquet", "parquet-dir", "dataset", "hub")  # opd_common.tables
 
 
 # --------------------------------------------------------------------------- encoding
@@ -138,7 +140,7 @@ class InputSource:
     """One input as given on the command line, with the hash that goes into a manifest."""
 
     spec: str
-    kind: str  # "stdin" | "file" | "dir" | "bundled"
+    kind: str  # "stdin" | "file" | "dir" | "bundled" | a TABLE_KINDS kind (sha256: see tables.table_sha256)
     sha256: str | None = None
 
     def describe(self) -> dict[str, Any]:
@@ -197,13 +199,19 @@ def _iter_stream(stream: IO[bytes], name: str, check: bool) -> Iterator[tuple[An
 def resolve_input(spec: str) -> InputSource:
     if spec == "-":
         return InputSource(spec, "stdin")
+    from .tables import parse_table_spec, table_sha256
+
+    table = parse_table_spec(spec)
+    if table is not None:
+        return InputSource(spec, table.kind, table_sha256(table))
     path = Path(spec)
     if path.is_dir():
         manifest_hash = sha256_file(path / MANIFEST) if (path / MANIFEST).exists() else None
         return InputSource(spec, "dir", manifest_hash)
     if path.is_file():
         return InputSource(spec, "file", sha256_file(path))  # up front: a reader may stop early
-    raise StreamError(f"input {spec!r} does not exist (expected '-', a .jsonl/.jsonl.zst file or a shard directory)")
+    raise StreamError(f"input {spec!r} does not exist (expected '-', a .jsonl/.jsonl.zst or .parquet file, a shard, "
+                      "parquet or datasets save_to_disk directory, or hf://datasets/ORG/NAME[@REV][:SPLIT])")
 
 
 def iter_inputs(specs: Iterable[str], check: bool = True, sources: list[InputSource] | None = None
@@ -219,7 +227,9 @@ def iter_inputs(specs: Iterable[str], check: bool = True, sources: list[InputSou
         src = resolve_input(spec)
         if sources is not None:
             sources.append(src)
-        if src.kind == "dir":
+        if src.kind in TABLE_KINDS:
+            yield from _iter_table(spec, check)
+        elif src.kind == "dir":
             yield from iter_dir(Path(spec), check)
         elif src.kind == "stdin":
             hashing = _HashingReader(sys.stdin.buffer)
@@ -228,6 +238,13 @@ def iter_inputs(specs: Iterable[str], check: bool = True, sources: list[InputSou
         else:
             with open(spec, "rb") as raw:
                 yield from _iter_stream(raw, Path(spec).name, check)
+
+
+def _iter_table(spec: str, check: bool) -> Iterator[tuple[Any, Where]]:
+    from .tables import iter_table, parse_table_spec
+
+    for row, where in iter_table(parse_table_spec(spec)):
+        yield (validate(row, where) if check else row), where
 
 
 # --------------------------------------------------------------------------- writing

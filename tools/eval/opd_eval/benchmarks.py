@@ -1,4 +1,5 @@
-"""Benchmarks: the bundled ones (opd_common/data, provenance in PROVENANCE.md) or any JSONL file.
+"""Benchmarks: the bundled ones (opd_common/data, provenance in PROVENANCE.md) or any prompt input (--data:
+JSONL, parquet, a datasets folder, a Hub dataset id; verl rows' gold answer is reward_model.ground_truth).
 
 A benchmark is an ordered list of problems, each a row with a unique prompt id, the problem text
 (read through the prompt template) and a gold answer (``--answer-field``). Its identity for
@@ -61,41 +62,48 @@ def unknown_benchmark(name: str) -> ConfigError:
                        "(or --data FILE for your own JSONL; `opd-eval ls` lists them)")
 
 
-def benchmark_file(bench: str | None, data: str | None) -> tuple[str, Path]:
-    """(name, path) of --bench NAME or --data FILE."""
+def benchmark_file(bench: str | None, data: str | None) -> tuple[str, str]:
+    """(name, input spec) of --bench NAME or --data INPUT (a JSONL or parquet file, a parquet or datasets
+    folder, hf://datasets/ORG/NAME@REV:SPLIT)."""
+    from opd_common.tables import parse_table_spec
+
     if bench is not None:
         if bench not in BENCHMARKS:
             raise unknown_benchmark(bench)
-        return bench, data_path(BENCHMARKS[bench].file)
+        return bench, str(data_path(BENCHMARKS[bench].file))
+    table = parse_table_spec(data)  # type: ignore[arg-type]
+    if table is not None:
+        return f"data:{data if table.kind == 'hub' else Path(table.path).name}", data  # type: ignore[return-value]
     path = Path(data)  # type: ignore[arg-type]
     if not path.is_file():
         raise StreamError(f"--data {data}: no such file")
-    return f"data:{path.name}", path
+    return f"data:{path.name}", str(path)
 
 
 def load_benchmark(bench: str | None, data: str | None, *, id_field: str = "id", answer_field: str = "answer",
                    limit: int | None = None) -> Benchmark:
     """Read the problems (the first `limit`), checking every row has an answer and a unique id."""
     from opd_common.prompts import iter_prompt_rows
-    from opd_common.streams import sha256_file
+    from opd_common.streams import InputSource
 
     name, path = benchmark_file(bench, data)
     problems = []
-    for prow in iter_prompt_rows([str(path)], id_field, limit=limit):
+    sources: list[InputSource] = []
+    for prow in iter_prompt_rows([path], id_field, sources=sources, limit=limit):
         problems.append(Problem(prow.prompt_id, prow.row, _gold(prow.row, answer_field, prow.where), prow.where))
     if not problems:
         raise StreamError(f"{path}: no problems in it (an empty file?)")
-    return Benchmark(name, str(path), sha256_file(path), problems)
+    return Benchmark(name, path, sources[0].sha256, problems)
 
 
 def _gold(row: dict[str, Any], field: str, where: Where) -> str:
     value = row.get(field)
     if value is None or (isinstance(value, str) and not value.strip()):
         state = "an empty" if field in row else "no"
-        raise RecordError(f"line {where.number} of {where.source} has {state} '{field}' field, the gold answer "
+        raise RecordError(f"{where.at} has {state} '{field}' field, the gold answer "
                           f"(set --answer-field to the field that holds it; the row has: {', '.join(sorted(row))})")
     if isinstance(value, (dict, list, bool)):
-        raise RecordError(f"line {where.number} of {where.source}: '{field}' is a {type(value).__name__}, "
+        raise RecordError(f"{where.at}: '{field}' is a {type(value).__name__}, "
                           "not an answer string or number")
     return str(value)
 

@@ -37,7 +37,8 @@ class EvalConfig(EngineConfig):
     checkpoint: str | None = opt(None, "With --run-dir: a step number or 'latest' [default: latest]; "
                                        "0 without a checkpoint-000000 = the base model.")
     bench: str | None = opt(None, "Bundled benchmark: aime24, aime25, hmmt25, math500 (see `opd-eval ls`).")
-    data: str | None = opt(None, "Your own benchmark: a JSONL(.zst) file of problems with gold answers.")
+    data: str | None = opt(None, "Your own benchmark: problems with gold answers in a JSONL(.zst) or parquet file, "
+                                 "a parquet or datasets save_to_disk folder, or hf://datasets/ORG/NAME[@REV][:SPLIT].")
     problem_field: str = opt("problem", "Row field holding the problem (read by the default template).")
     answer_field: str = opt("answer", "Row field holding the gold answer.")
     id_field: str = opt("id", "Row field used as the problem id (default: FILE-LINE when absent).")

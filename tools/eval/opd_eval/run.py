@@ -141,16 +141,17 @@ def _sample_and_grade(config, adapter: str | None, todo: list[tuple[Problem, int
     from opd_common.cli_util import progress
     from opd_common.engines import SampleRequest, derive_seed, make_engine
     from opd_common.grading import Grader
-    from opd_common.models import load_tokenizer, render_chat
-    from opd_common.prompts import render_message
+    from opd_common.models import load_tokenizer, render_messages
+    from opd_common.prompts import Prompter, PromptRow
 
     tokenizer = load_tokenizer(config.model, config.revision)
     thinking = config.thinking == "on"
+    prompter = Prompter(config.template, config.problem_field, "opd-eval")
     prompts: dict[str, list[int]] = {}
     for problem, _ in todo:
         if problem.prompt_id not in prompts:
-            message = render_message(config.template, problem.row, config.problem_field, problem.where)
-            prompts[problem.prompt_id] = render_chat(tokenizer, message, thinking)
+            messages = prompter.messages(PromptRow(problem.prompt_id, problem.row, problem.where))
+            prompts[problem.prompt_id] = render_messages(tokenizer, messages, thinking)
     with Grader(workers=config.grade_workers, timeout=config.grade_timeout) as grader:
         if config.grader == "integer":
             _check_integer_golds(grader, {p.prompt_id: p for p, _ in todo}.values())
@@ -183,7 +184,7 @@ def _check_integer_golds(grader, problems) -> None:
         try:
             grader.grade([(f"\\boxed{{{p.answer}}}", p.answer)], "integer")
         except RecordError as exc:
-            raise RecordError(f"line {p.where.number} of {p.where.source}: {exc}") from None
+            raise RecordError(f"{p.where.at}: {exc}") from None
 
 
 def sample_row(problem: Problem, sample: int, seed: int, completion, grade, keep_text: bool) -> dict[str, Any]:

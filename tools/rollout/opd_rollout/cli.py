@@ -18,8 +18,10 @@ def command(config: RolloutConfig, inputs: list[str]) -> int:
       opd-rollout --model M --engine hf -n 2 prompts.jsonl --out rollouts/
 
     INPUTS: prompt JSONL files (.jsonl or .jsonl.zst), shard directories, '-' for stdin
-    (the default), or a bundled dataset name: aime24, aime25, hmmt25, math500, train-aime,
-    train-math. Records go to stdout (or --out DIR); progress and logs go to stderr.
+    (the default), parquet files or folders (verl's layout too), datasets save_to_disk folders
+    (DIR:SPLIT for a DatasetDict), hf://datasets/ORG/NAME[@REV][:SPLIT], or a bundled dataset
+    name: aime24, aime25, hmmt25, math500, train-aime, train-math. Records go to stdout (or
+    --out DIR); progress and logs go to stderr.
     """
     from opd_common.config import resolved
     from opd_common.streams import ManifestInfo, open_writer

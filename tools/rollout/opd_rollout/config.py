@@ -13,8 +13,10 @@ from opd_common.errors import ConfigError
 class RolloutConfig(EngineConfig):
     cuda_graph: bool | None = opt(None, "hf: replay the decode step as a CUDA graph [default: on for CUDA].")
     compile: bool = opt(False, "hf: torch.compile the decode forward (slow first batch, faster decoding).")
-    prompt_field: str = opt("problem", "Row field that holds the problem (used by the default template).")
-    id_field: str = opt("id", "Row field used as prompt_id (default: SOURCE-LINE when absent).")
+    prompt_field: str = opt("problem", "Row field that holds the prompt: text (read by the template's {problem}) "
+                                       "or a list of {role, content} messages [default: problem, else prompt, "
+                                       "messages, question].")
+    id_field: str = opt("id", "Row field used as prompt_id (else verl's extra_info.index, else SOURCE-LINE).")
     topk_logprobs: int = opt(0, "Also record the behaviour policy's top-k ids and log-probs per token.")
     limit: int | None = opt(None, "Read at most this many prompts.")
     follow: str | None = opt(None, "On-policy loop: an opd-train run dir (--save-every 1); before each batch of "

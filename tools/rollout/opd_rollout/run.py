@@ -13,7 +13,7 @@ from opd_common import rundir
 from opd_common.batching import batches
 from opd_common.engines import derive_seed
 from opd_common.errors import OpdError
-from opd_common.prompts import PromptRow, iter_prompt_rows, render_message, resolve_prompt_specs
+from opd_common.prompts import Prompter, PromptRow, iter_prompt_rows, resolve_prompt_specs
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
 from opd_common.streams import InputSource
 from opd_common.timeline import timeline
@@ -66,7 +66,7 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
 
     from opd_common.cli_util import progress
     from opd_common.engines import make_engine
-    from opd_common.models import load_tokenizer, render_chat
+    from opd_common.models import load_tokenizer, render_messages
 
     rows = iter_prompt_rows(resolve_prompt_specs(inputs), config.id_field, sources, config.limit)
     follower = Follower(config) if config.follow else None
@@ -79,12 +79,12 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
     if follower is not None and hasattr(engine, "prepare_adapter"):
         engine.prepare_adapter(follower.lora_shape())  # hf: versions then load in place (no recompile)
     thinking = config.thinking == "on"
+    prompter = Prompter(config.template, config.prompt_field, "opd-rollout")
 
     def requests_of(batch):
         requests, keys = [], []
         for row in batch:
-            message = render_message(config.template, row.row, config.prompt_field, row.where)
-            prompt_ids = np.asarray(render_chat(tokenizer, message, thinking), dtype=np.int32)
+            prompt_ids = np.asarray(render_messages(tokenizer, prompter.messages(row), thinking), dtype=np.int32)
             for sample in range(config.n):
                 seed = derive_seed(config.seed, row.prompt_id, sample)
                 requests.append(_request(prompt_ids, seed))
