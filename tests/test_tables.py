@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from test_rollout import ok, parse, rollout
 
 from opd_common.prompts import DEFAULT_TEMPLATE, iter_prompt_rows
@@ -175,6 +176,53 @@ def test_split_that_does_not_exist(tiny_model, tmp_path):
     assert error_of(tiny_model, str(tmp_path / "dd")) == (
         f"Error: input {tmp_path / 'dd'} holds a DatasetDict (splits: train, test); "
         f"name one: {tmp_path / 'dd'}:SPLIT\n")
+
+
+def damaged_parquet(path: Path) -> Path:
+    """Three row groups of 100 rows, the third one's first data page overwritten (the footer intact; the file
+    under 64 KB, which pyarrow reads whole: hub_server answers no Range requests)."""
+    rows = [{"id": i, "problem": f"problem {i}: " + "x" * 100} for i in range(300)]  # under 64 KB (hub_server)
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=100, compression="none")
+    data = bytearray(path.read_bytes())
+    start = pq.ParquetFile(path).metadata.row_group(2).column(1).data_page_offset
+    data[start:start + 40] = b"\xff" * 40
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_an_empty_truncated_or_damaged_parquet_is_one_line(tiny_model, tmp_path):
+    from opd_common.errors import StreamError
+
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    assert error_of(tiny_model, str(tmp_path / "empty.parquet")) == (
+        f"Error: {tmp_path / 'empty.parquet'}: not a parquet file (no PAR1 footer); was it written completely?\n")
+    whole = write_parquet(tmp_path / "whole.parquet", verl_rows()).read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(whole[:len(whole) // 2])
+    assert error_of(tiny_model, str(tmp_path / "cut.parquet")) == (
+        f"Error: {tmp_path / 'cut.parquet'}: not a parquet file (no PAR1 footer); was it written completely?\n")
+    rows = iter_prompt_rows([str(damaged_parquet(tmp_path / "damaged.parquet"))], "id")
+    assert [next(rows).prompt_id for _ in range(200)] == [str(i) for i in range(200)]  # the rows before it
+    with pytest.raises(StreamError) as exc:
+        next(rows)
+    assert str(exc.value).startswith("row 201 of damaged.parquet cannot be read (row group 3 of 3: ")
+    assert str(exc.value).endswith("); is the file damaged?") and "\n" not in str(exc.value)
+
+
+def test_a_conversation_in_datasets_columnar_form(tmp_path):
+    """A `Sequence` of {role, content} structs (a card's `sequence:` feature) reads as a dict of lists."""
+    import datasets
+
+    from opd_common.prompts import Prompter
+
+    conversation = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user_text(PROBLEMS[0][0])},
+                    {"role": "assistant", "content": "42"}]
+    features = datasets.Features({"messages": datasets.Sequence({"role": datasets.Value("string"),
+                                                                 "content": datasets.Value("string")})})
+    columnar = {"role": [m["role"] for m in conversation], "content": [m["content"] for m in conversation]}
+    datasets.Dataset.from_dict({"messages": [columnar]}, features=features).save_to_disk(str(tmp_path / "seq"))
+    (prow,) = iter_prompt_rows([str(tmp_path / "seq")], "id")
+    assert prow.row["messages"] == columnar  # what datasets gives
+    assert Prompter(DEFAULT_TEMPLATE, "problem", "t").messages(prow) == conversation[:2]
 
 
 # ----------------------------------------------------------------------------- streaming

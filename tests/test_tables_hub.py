@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from hub_server import HubServer
 from test_rollout import parse
-from test_tables import PROBLEMS, reference_ids, user_text, verl_rows
+from test_tables import PROBLEMS, damaged_parquet, reference_ids, user_text, verl_rows
 
 READ = """
 import json, sys
@@ -38,9 +38,13 @@ def parquet_bytes(rows: list[dict]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def hub():
-    """A dataset repo with two commits: OLD (the first two problems), then main (all three)."""
+def hub(tmp_path_factory):
+    """A dataset repo with two commits: OLD (the first two problems), then main (all three); and a repo whose
+    parquet's third row group is damaged."""
     with HubServer() as server:
+        damaged = damaged_parquet(tmp_path_factory.mktemp("hub") / "d.parquet").read_bytes()
+        server.state.commits["3" * 40] = {"data/test-00000-of-00001.parquet": damaged, "README.md": CARD}
+        server.state.repos["datasets/org/damaged"] = {"private": False, "branches": {"main": "3" * 40}}
         old, new = "1" * 40, "2" * 40
         path = "data/test-00000-of-00001.parquet"
         server.state.commits[old] = {path: parquet_bytes(verl_rows()[:2]), "README.md": CARD}
@@ -98,3 +102,12 @@ def test_a_missing_repo_is_one_line(hub, tmp_path):
     proc = run(hub, tmp_path, "-c", READ, "hf://datasets/org/nothing:test")
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith("Error: input hf://datasets/org/nothing:test: cannot load it from the Hub (")
+
+
+def test_a_file_that_fails_mid_stream_is_one_line(hub, tmp_path):
+    proc = run(hub, tmp_path, "-c", READ, "hf://datasets/org/damaged:test")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    read = len(proc.stdout.splitlines())  # rows before the damaged row group came out (datasets reads ahead)
+    assert 100 <= read <= 200
+    assert proc.stderr.startswith(f"Error: row {read + 1} of hf://datasets/org/damaged:test cannot be read ("), \
+        proc.stderr

@@ -3,7 +3,8 @@
 - plain: a text field (``problem``, else ``prompt``, ``question``; or ``--prompt-field``) rendered by
   ``--template`` into one user message (its ``{problem}`` reads the field).
 - chat: a conversational column (``prompt`` or ``messages``, or ``--prompt-field``): a list of
-  ``{role, content}`` messages (TRL's conversational format), used as they are, system messages kept:
+  ``{role, content}`` messages (TRL's conversational format; also datasets' columnar form of a
+  ``Sequence`` of them, ``{role: [...], content: [...]}``), used as they are, system messages kept:
   the conversation up to its last user turn (a ``messages`` column's final assistant answer is dropped).
 - verl: verl's layout, a chat ``prompt`` column plus ``reward_model.ground_truth`` (the gold answer,
   copied to the row's ``answer`` when it has none) and ``extra_info.index`` (the prompt id when the row
@@ -41,8 +42,21 @@ class PromptFormat:
         return "template: --template filled from the row's fields"
 
 
+def as_messages(value: Any) -> list[dict] | None:
+    """A conversation as a list of message dicts, or None. Besides a list of {role, content} dicts, takes the
+    columnar form datasets gives a ``Sequence`` of structs (a card's ``sequence:`` feature): {role: [...],
+    content: [...]}."""
+    if isinstance(value, list):
+        return value if value and all(isinstance(m, dict) and "role" in m for m in value) else None
+    if isinstance(value, dict) and isinstance(value.get("role"), list) and value["role"]:
+        columns = {k: v for k, v in value.items() if isinstance(v, list) and len(v) == len(value["role"])}
+        if len(columns) == len(value):
+            return [dict(zip(columns, m, strict=True)) for m in zip(*columns.values(), strict=True)]
+    return None
+
+
 def is_messages(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and "role" in m for m in value)
+    return as_messages(value) is not None
 
 
 def is_verl(row: dict) -> bool:
@@ -81,7 +95,7 @@ def _text(content: Any, where: Where, field: str) -> str:
 def chat_messages(row: dict, fmt: PromptFormat, where: Where) -> list[dict[str, str]]:
     """The conversation up to and including its last user turn, as {role, content} dicts."""
     messages = [{"role": str(m["role"]), "content": _text(m.get("content"), where, fmt.field)}
-                for m in row[fmt.field]]
+                for m in as_messages(row[fmt.field]) or []]
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         roles = ", ".join(dict.fromkeys(m["role"] for m in messages))

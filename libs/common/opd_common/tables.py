@@ -10,7 +10,9 @@ An input spec names one of:
 Every reader streams: parquet is read one batch of BATCH_ROWS rows at a time with pyarrow's iter_batches
 (memory bounded by a row group, whatever the file's size), a save_to_disk folder is memory-mapped by
 datasets, a Hub dataset is read with datasets' streaming mode (nothing is downloaded up front). Rows come
-out as plain dicts (structs as dicts, lists as lists) with a Where whose unit is "row".
+out as plain dicts (structs as dicts, lists as lists) with a Where whose unit is "row". A table that cannot be
+read (an empty or truncated parquet, a damaged page, a Hub file that fails mid-stream) is one StreamError
+naming the input and, once rows have come out, the first row that could not be read.
 
 A parquet written by ``opd-cat --parquet`` (metadata key ``opd``) reads back as the records it was written
 from (restore).
@@ -98,12 +100,16 @@ def parse_table_spec(spec: str) -> TableSpec | None:
 def footer_sha256(path: Path) -> str:
     """sha256 of a parquet file's footer (schema, row groups, sizes, statistics): read up front without
     reading the data, so a 10 GB file's rows start flowing at once."""
+    incomplete = f"{path}: not a parquet file (no PAR1 footer); was it written completely?"
     with open(path, "rb") as f:
+        total = f.seek(0, 2)
+        if total < 12:  # PAR1, a footer length, PAR1
+            raise StreamError(incomplete)
         f.seek(-8, 2)
         tail = f.read(8)
-        if tail[4:] != PARQUET_MAGIC:
-            raise StreamError(f"{path}: not a parquet file (no PAR1 footer); was it written completely?")
         size = int.from_bytes(tail[:4], "little")
+        if tail[4:] != PARQUET_MAGIC or size + 12 > total:
+            raise StreamError(incomplete)
         f.seek(-(8 + size), 2)
         return hashlib.sha256(f.read(size + 8)).hexdigest()
 
@@ -160,11 +166,19 @@ def iter_parquet(source: str | IO[bytes], name: str, batch_rows: int = BATCH_ROW
         # (docs/benchmarks.md: 2.4 GB peak on a 2 GB file, against 137 MB this way)
         pf = pq.ParquetFile(source, pre_buffer=False)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise StreamError(f"{name}: cannot read it as parquet ({str(exc).splitlines()[0]})") from None
+        raise StreamError(f"{name}: cannot read it as parquet ({_first_line(exc)})") from None
     records = bool(pf.schema_arrow.metadata) and METADATA_KEY in pf.schema_arrow.metadata
     number = 0
     for group in range(pf.num_row_groups):  # one row group at a time: memory bounded by the largest one
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group]):
+        batches = pf.iter_batches(batch_size=batch_rows, row_groups=[group])
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:  # a damaged page: after the rows before it
+                raise StreamError(f"row {number + 1} of {name} cannot be read (row group {group + 1} of "
+                                  f"{pf.num_row_groups}: {_first_line(exc)}); is the file damaged?") from None
+            if batch is None:
+                break
             for row in batch.to_pylist():
                 number += 1
                 yield (restore(row) if records else row), Where(name, number, "row")
@@ -180,8 +194,23 @@ def restore(row: dict) -> dict:
     return row
 
 
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 def _iter_rows(rows, name: str) -> Iterator[tuple[dict[str, Any], Where]]:
-    for number, row in enumerate(rows, start=1):
+    """Rows of a datasets Dataset or IterableDataset; a failure while reading (a damaged file, the network
+    for a streamed Hub dataset) is one error naming the input and the last row read."""
+    it = iter(rows)
+    number = 0
+    while True:
+        try:
+            row = next(it, None)
+        except Exception as exc:  # noqa: BLE001 (datasets, fsspec, pyarrow, huggingface_hub raise many kinds)
+            raise StreamError(f"row {number + 1} of {name} cannot be read ({_first_line(exc)})") from None
+        if row is None:
+            return
+        number += 1
         yield row, Where(name, number, "row")
 
 
@@ -193,8 +222,7 @@ def _load_from_disk(ts: TableSpec):
     try:
         obj = datasets.load_from_disk(ts.path)
     except (FileNotFoundError, ValueError, json.JSONDecodeError) as exc:
-        raise StreamError(f"{where}: cannot load it with datasets.load_from_disk ({str(exc).splitlines()[0]})") \
-            from None
+        raise StreamError(f"{where}: cannot load it with datasets.load_from_disk ({_first_line(exc)})") from None
     if isinstance(obj, datasets.DatasetDict):
         splits = ", ".join(obj)
         if ts.split is None:
@@ -215,11 +243,11 @@ def _load_hub(ts: TableSpec):
     try:
         return datasets.load_dataset(ts.path, split=ts.split, revision=ts.revision, streaming=True)
     except ValueError as exc:  # datasets: "Bad split: x. Available splits: ['test']"
-        message = str(exc).splitlines()[0]
+        message = _first_line(exc)
         if "split" in message.lower():
             raise StreamError(f"input {ts.spec}: split '{ts.split}' does not exist ({message}); "
                               f"name one: hf://datasets/{ts.path}[@REV]:SPLIT") from None
         raise StreamError(f"input {ts.spec}: cannot load it with datasets ({message})") from None
     except Exception as exc:  # noqa: BLE001 (datasets/huggingface_hub raise many kinds: not found, offline, ...)
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = _first_line(exc)
         raise StreamError(f"input {ts.spec}: cannot load it from the Hub ({message})") from None
