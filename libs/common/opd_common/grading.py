@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 
 from opd_common.errors import ConfigError, OpdError, RecordError, require
 
@@ -52,8 +53,8 @@ _ANSWER_LINE = re.compile(r"^[ \t*_#>]*(?:final\s+)?answer\s*[*_]*\s*[:：]\s*[*
 _MATH_DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
-def _braced(text: str, start: int) -> str | None:
-    """The contents of the brace group opening at text[start] == '{', or None if never closed."""
+def _group_end(text: str, start: int) -> int | None:
+    """The index of the '}' closing the brace group that opens at text[start] == '{', or None."""
     depth, i = 0, start
     while i < len(text):
         ch = text[i]
@@ -65,9 +66,35 @@ def _braced(text: str, start: int) -> str | None:
         elif ch == "}":
             depth -= 1
             if depth == 0:
-                return text[start + 1 : i]
+                return i
         i += 1
     return None
+
+
+@dataclass
+class _Box:
+    start: int  # where '\boxed' begins
+    end: int  # just past its group (or shorthand token); len(text) if never closed
+    contents: str | None  # None: never closed (truncated)
+
+
+def _boxes(text: str) -> list[_Box]:
+    """Every ``\\boxed``/``\\fbox`` in `text`, in order: braced, ``\\boxed {x}`` or shorthand ``\\boxed 5``."""
+    found = []
+    for match in _BOX.finditer(text):
+        rest = text[match.end() :]
+        stripped = rest.lstrip()
+        at = match.end() + len(rest) - len(stripped)
+        if stripped.startswith("{"):
+            close = _group_end(text, at)
+            box = _Box(match.start(), len(text), None) if close is None else \
+                _Box(match.start(), close + 1, text[at + 1 : close])
+        elif rest[:1].isspace() and (token := re.match(r"[^\s$]+", stripped)):
+            box = _Box(match.start(), at + token.end(), token.group(0))
+        else:
+            box = _Box(match.start(), len(text), None)
+        found.append(box)
+    return found
 
 
 def extract_boxed(text: str) -> str | None:
@@ -77,18 +104,34 @@ def extract_boxed(text: str) -> str | None:
     If the last box is never closed (a response truncated mid-answer) the result is None, not an
     earlier box: a truncated response has not committed to a final answer.
     """
-    matches = list(_BOX.finditer(text))
-    if not matches:
+    boxes = _boxes(text)
+    return boxes[-1].contents if boxes else None
+
+
+# What may stand between the boxes of one answer list: '$\boxed{1}$ and $\boxed{-2}$',
+# 'x = \boxed{1}, x = \boxed{-2}', '\boxed{(1,2)},\quad \boxed{(3,4)}'. Prose ('Wait, no:') ends the list.
+_LIST_GLUE = re.compile(r"(?:\s|\$|\\[()\[\]]|[,;&]|\\\\|\\q?quad\b|\\[,;:! ]|~|\b(?:and|or)\b"
+                        r"|\\(?:text|mathrm|textrm)\s*\{\s*(?:and|or|,)?\s*\}"
+                        r"|[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=)*", re.IGNORECASE)
+
+
+def extract_boxes(text: str) -> list[str] | None:
+    """The final answer's boxes: the last box and the boxes right before it that form one list with it
+    (only connectives such as ',', 'and', 'or', '$', '\\quad' or 'x =' between them), in order.
+
+    '$\\boxed{1}$ and $\\boxed{-2}$' gives ['1', '-2']; 'first \\boxed{41}, then corrected: \\boxed{42}'
+    gives ['42']. None when there is no box or the last box is never closed (truncated).
+    """
+    boxes = _boxes(text)
+    if not boxes or boxes[-1].contents is None:
         return None
-    end = matches[-1].end()
-    rest = text[end:]
-    stripped = rest.lstrip()
-    if stripped.startswith("{"):
-        return _braced(text, end + len(rest) - len(stripped))
-    if rest[:1].isspace():  # shorthand: \boxed 5
-        token = re.match(r"[^\s$]+", stripped)
-        return token.group(0) if token else None
-    return None
+    group = [boxes[-1]]
+    for prev in reversed(boxes[:-1]):
+        glue = text[prev.end : group[0].start]
+        if prev.contents is None or prev.end > group[0].start or len(glue) > 40 or not _LIST_GLUE.fullmatch(glue):
+            break
+        group.insert(0, prev)
+    return [box.contents for box in group]
 
 
 def _unwrap(answer: str) -> str:
@@ -100,16 +143,25 @@ def _unwrap(answer: str) -> str:
     return answer
 
 
-def extract_answer(text: str) -> tuple[str | None, str]:
-    """(answer, how): the last box ('boxed'), else the last ``Answer: ...`` line ('answer-line').
+def _join_boxes(contents: list[str]) -> str:
+    """One answer from a list of boxes: their contents, each once, joined by ', ' ('1, -2')."""
+    seen: dict[str, str] = {}
+    for item in (_unwrap(c) for c in contents):
+        seen.setdefault(normalize_answer(item), item)
+    return ", ".join(item for item in seen.values() if item)
 
-    ``Final answer:``, ``**Answer:** 42`` and ``Answer: $42$`` count as answer lines. An empty box
-    or line is no answer: (None, 'none').
+
+def extract_answer(text: str) -> tuple[str | None, str]:
+    """(answer, how): the final boxes ('boxed'), else the last ``Answer: ...`` line ('answer-line').
+
+    Several boxes that form one list ('$\\boxed{1}$ and $\\boxed{-2}$', see `extract_boxes`) are one
+    answer, '1, -2'. ``Final answer:``, ``**Answer:** 42`` and ``Answer: $42$`` count as answer lines.
+    An empty box or line is no answer: (None, 'none').
     """
     if _BOX.search(text):
-        boxed = extract_boxed(text)
-        if boxed is not None and boxed.strip():
-            return _unwrap(boxed), "boxed"
+        contents = extract_boxes(text)
+        if contents is not None and contents[-1].strip():
+            return _join_boxes(contents), "boxed"
         return None, "none"
     lines = _ANSWER_LINE.findall(text)
     if lines:
@@ -119,6 +171,16 @@ def extract_answer(text: str) -> tuple[str | None, str]:
         if line:
             return line, "answer-line"
     return None, "none"
+
+
+def gold_answer(gold: str) -> str:
+    """The gold answer to compare with: a gold that is a worked solution ending in a box (MATH's
+    ``solution`` field) is read like a response, by its final boxes; any other gold is used whole."""
+    if _BOX.search(gold):
+        answer, _how = extract_answer(gold)
+        if answer is not None:
+            return answer
+    return gold
 
 
 # ------------------------------------------------------------------------------- normalization
@@ -205,7 +267,8 @@ def _parse(latex: str, timeout: float) -> list:
 
 
 def _verify(gold: list, pred: list, timeout: float) -> bool:
-    """math-verify verify, pair by pair (as verify does), so that a timeout is seen, not swallowed."""
+    """math-verify verify, pair by pair (as verify does), so that a timeout is seen, not swallowed.
+    An inequality answer is compared with an interval gold as a set: '-2 \\le x \\le 7' is '[-2, 7]'."""
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
@@ -213,7 +276,7 @@ def _verify(gold: list, pred: list, timeout: float) -> bool:
     for g in gold:
         for p in pred:
             try:
-                if verify(g, p, timeout_seconds=seconds, raise_on_error=True):
+                if verify(g, p, timeout_seconds=seconds, raise_on_error=True, allow_set_relation_comp=True):
                     return True
             except TimeoutException:
                 raise
@@ -232,6 +295,104 @@ def _has_value(parsed: list) -> bool:
 def _as_latex(answer: str) -> str:
     """Wrap a bare answer in $...$ (math-verify parses a bare '\\frac{1}{2}' to nothing)."""
     return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
+
+
+# ----------------------------------------------------------------- rules beyond math-verify
+
+_PLAIN_DECIMAL = re.compile(r"[+-]?\d*\.(\d+)")
+_SIGNIFICANT = 4  # digits an approximation must show: '2.667' for 8/3, not '2.67' or '0.33' for 1/3
+
+
+def _plain_number(answer: str) -> str:
+    """`answer` without math delimiters, spaces and LaTeX spacing ('1{,}5' -> '1,5')."""
+    return re.sub(r"\s|\\[,!;: ]", "", _unwrap(answer)).replace("{,}", ",")
+
+
+def _decimal_comma(answer: str, other: str) -> str:
+    """`answer` with its decimal comma read as a point when the other side is a decimal number:
+    '1,22' -> '1.22', '0,5' -> '0.5', '1.234,5' -> '1234.5'. A comma before exactly three digits
+    ('2,500') stays a thousands separator, unless the part before it is 0 ('0,125')."""
+    if not _PLAIN_DECIMAL.fullmatch(normalize_answer(other)):
+        return answer
+    s = _plain_number(answer)
+    if re.fullmatch(r"[+-]?\d{1,3}(\.\d{3})+,\d+", s):
+        return s.replace(".", "").replace(",", ".")
+    m = re.fullmatch(r"([+-]?\d+),(\d+)", s)
+    if m and (len(m.group(2)) != 3 or m.group(1).lstrip("+-") == "0"):
+        return f"{m.group(1)}.{m.group(2)}"
+    return answer
+
+
+def _numbers(parsed: list) -> list:
+    """The real numbers among math-verify's parsed values (no sets, symbols or equations)."""
+    import sympy
+
+    return [v for v in parsed if isinstance(v, sympy.Expr) and v.is_number and v.is_real]
+
+
+def _rounded(value, places: int) -> Decimal:
+    return Decimal(str(value.evalf(40))).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+
+
+def _approximates(gold: str, pred: str, gold_parsed: list, pred_parsed: list) -> bool:
+    """A decimal approximation of an exact value, either way round:
+
+    - the answer is a decimal of at least 4 significant digits and the exact, non-integer gold
+      rounded or cut off at the answer's last digit ('2.6667', '2.6666' or '2.667' for 8/3; not '2.67');
+    - the gold is a decimal of 2 or more places and the exact answer rounds to it ('\\frac{1}{3}' for
+      '0.33', the form MATH stores 'to the nearest hundredth' answers in).
+    """
+    import sympy
+
+    gold_digits, pred_digits = _PLAIN_DECIMAL.fullmatch(normalize_answer(gold)), \
+        _PLAIN_DECIMAL.fullmatch(_plain_number(pred))
+    for g in _numbers(gold_parsed):
+        for p in _numbers(pred_parsed):
+            exact_gold, exact_pred = not g.has(sympy.Float), not p.has(sympy.Float)
+            if pred_digits and exact_gold and not g.is_Integer:
+                places = len(pred_digits.group(1))
+                shown = Decimal(pred_digits.group(0))
+                significant = len(str(abs(shown)).replace(".", "").lstrip("0"))
+                cut = Decimal(str(g.evalf(40))).quantize(Decimal(1).scaleb(-places), rounding=ROUND_DOWN)
+                if significant >= _SIGNIFICANT and shown in (_rounded(g, places), cut):
+                    return True
+            if gold_digits and len(gold_digits.group(1)) >= 2 and exact_pred and not p.is_Integer:
+                if _rounded(p, len(gold_digits.group(1))) == Decimal(gold_digits.group(0)):
+                    return True
+    return False
+
+
+_OR = re.compile(r"\\(?:text|mathrm)\s*\{\s*or\s*\}|\\(?:lor|vee)(?![A-Za-z])|\bor\b")
+
+
+def _inequalities_union(gold_parsed: list, pred: str, timeout: float) -> bool:
+    """An answer of inequalities joined by 'or' ('x < 2 \\text{ or } x > 3') against a gold union of
+    intervals ('(-\\infty, 2) \\cup (3, \\infty)'): the union of their solution sets."""
+    import sympy
+
+    gold_sets = [g for g in gold_parsed if isinstance(g, sympy.Set)]
+    if not gold_sets or not _OR.search(pred):
+        return False
+    for value in _parse(_as_latex(_OR.sub(",", pred)), timeout):
+        if not isinstance(value, sympy.FiniteSet) or not all(isinstance(r, sympy.core.relational.Relational)
+                                                             for r in value.args):
+            continue
+        if len(set().union(*(r.free_symbols for r in value.args))) != 1:
+            continue
+        union = sympy.Union(*(r.as_set() for r in value.args))
+        if any(union == g for g in gold_sets):
+            return True
+    return False
+
+
+def _beyond_math_verify(gold: str, pred: str, gold_parsed: list, pred_parsed: list, timeout: float) -> bool:
+    """opd's rules for what math-verify rejects (docs/grading.md), under math-verify's signal timeout."""
+    from math_verify.utils import timeout as with_timeout
+
+    def check() -> bool:
+        return _approximates(gold, pred, gold_parsed, pred_parsed) or _inequalities_union(gold_parsed, pred, timeout)
+
+    return with_timeout(max(1, math.ceil(timeout)))(check)()
 
 
 def _grade_integer(answer: str, gold: str, timeout: float) -> Grade:
@@ -255,16 +416,19 @@ def grade_one(prediction_text: str, gold: str, mode: str = "math", timeout: floa
     answer, _how = extract_answer(prediction_text)
     if answer is None:
         return Grade(False, None, "no-answer")
+    gold = gold_answer(gold)
     try:
         if mode == "integer":
             return _grade_integer(answer, gold, timeout)
         norm = normalize_answer(answer)
         if norm and norm == normalize_answer(gold):
             return Grade(True, answer, "match")
-        gold_parsed, pred_parsed = _parse(_as_latex(gold), timeout), _parse(_as_latex(answer), timeout)
+        gold_text, pred_text = _decimal_comma(gold, answer), _decimal_comma(answer, gold)
+        gold_parsed, pred_parsed = _parse(_as_latex(gold_text), timeout), _parse(_as_latex(pred_text), timeout)
         if not _has_value(gold_parsed) or not _has_value(pred_parsed):
             return Grade(False, answer, "parse-failure")
-        ok = _verify(gold_parsed, pred_parsed, timeout)
+        ok = _verify(gold_parsed, pred_parsed, timeout) or \
+            _beyond_math_verify(gold_text, pred_text, gold_parsed, pred_parsed, timeout)
     except TimeoutException:
         return Grade(False, answer, "timeout")
     return Grade(ok, answer, "match" if ok else "mismatch")
