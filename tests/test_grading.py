@@ -10,7 +10,17 @@ import time
 import pytest
 
 from opd_common.errors import ConfigError, RecordError
-from opd_common.grading import Grade, Grader, extract_answer, extract_boxed, grade_one, overlong_penalty, reward
+from opd_common.grading import (
+    Grade,
+    Grader,
+    extract_answer,
+    extract_boxed,
+    extract_boxes,
+    gold_answer,
+    grade_one,
+    overlong_penalty,
+    reward,
+)
 
 B = r"The answer is $\boxed{%s}$."  # a response that boxes its answer
 
@@ -188,6 +198,61 @@ def test_integer_mode_rejects_non_integer_gold_and_unknown_mode():
     with pytest.raises(ConfigError, match="unknown grader"):
         grade_one(B % "1", "1", "fuzzy")
     assert grade_one(B % "25.5", "25", "integer").reason == "parse-failure"
+
+
+def test_a_list_of_final_boxes_is_one_answer():
+    assert extract_boxes(r"The roots are $\boxed{1}$ and $\boxed{-2}$.") == ["1", "-2"]
+    assert extract_boxes(r"$x = \boxed{1}$, $x = \boxed{-2}$") == ["1", "-2"]
+    assert extract_boxes(r"\[\boxed{(1,2)} \quad \text{and} \quad \boxed{(3,4)}\]") == ["(1,2)", "(3,4)"]
+    assert extract_boxes(r"First \boxed{41}, then corrected: \boxed{42}") == ["42"]  # prose: a correction
+    assert extract_boxes(r"\boxed{1} and \boxed{2") is None  # truncated last box: still no answer
+    assert extract_answer(r"$\boxed{3}$, $\boxed{5}$, and $\boxed{3}$") == ("3, 5", "boxed")  # each once
+    assert grade_one(r"So $n = \boxed{1}$ or $n = \boxed{-2}$.", "1,-2") == Grade(True, "1, -2", "match")
+    assert grade_one(r"So $n = \boxed{1}$ or $n = \boxed{2}$.", "1,-2").reason == "mismatch"
+    assert grade_one(r"\boxed{1}, \boxed{-2}", "1").reason == "mismatch"  # a hedge is not the answer
+
+
+def test_a_gold_solution_is_read_by_its_box():
+    solution = r"Then $(x-3)^2 = 25$, so the points are $\boxed{(-2,18)}$ and $\boxed{(8,38)}$."
+    assert gold_answer(solution) == "(-2,18), (8,38)"
+    assert gold_answer("x = 3") == "x = 3"
+    assert grade_one(B % "(8,38), (-2,18)", solution).correct
+    assert not grade_one(B % "(8,38)", solution).correct
+    assert grade_one(B % "25", r"So the answer is $\boxed{025}$.", "integer").correct
+
+
+@pytest.mark.parametrize(("gold", "answer", "correct"), [
+    ("1.22", "1,22", True), ("1,22", "1.22", True), ("326.5", "326,5", True), (".35625", "0,35625", True),
+    ("1234.5", "1.234,5", True), ("326.5", "3,265", False), ("58,500", "58500", True), ("1.5", "1,6", False),
+])
+def test_decimal_commas(gold, answer, correct):
+    assert grade_one(B % answer, gold).correct is correct
+
+
+@pytest.mark.parametrize(("gold", "answer", "correct"), [
+    (r"\frac{8}{3}", "2.6667", True), (r"\frac{8}{3}", "2.6666", True), (r"\frac{8}{3}", "2.667", True),
+    (r"\frac{8}{3}", "2.67", False), (r"\frac{8}{3}", "2.6668", False), ("25", "24.9999", False),
+    (r"\pi", "3.1416", True), ("2.33", r"\frac{7}{3}", True), (".79", r"\frac{\pi}{4}", True),
+    ("2.33", r"\frac{7}{2}", False), ("0.3", r"\frac{1}{3}", False),  # one decimal place: too often exact
+])
+def test_decimal_approximations(gold, answer, correct):
+    assert grade_one(B % answer, gold).correct is correct
+
+
+@pytest.mark.parametrize(("gold", "answer", "correct"), [
+    ("[-2, 7]", r"-2 \le x \le 7", True), ("[-2, 7]", "-2 < x < 7", False), (r"(2,\infty)", "x > 2", True),
+    (r"(-\infty, 2) \cup (3, \infty)", r"x < 2 \text{ or } x > 3", True),
+    (r"(-\infty, 2) \cup (3, \infty)", r"x < 2 \lor x > 3", True),
+    (r"(-\infty, 2) \cup (3, \infty)", r"x \le 2 \text{ or } x \ge 3", False),
+])
+def test_inequalities_against_intervals(gold, answer, correct):
+    assert grade_one(B % answer, gold).correct is correct
+
+
+def test_a_reading_math_verify_cuts_short_is_never_a_match():
+    # math-verify reads '1 \pm \frac{1}{\mathrm{e}}' as 1 (the \mathrm{e} taken for a unit)
+    assert not grade_one(B % r"1 + \frac{1}{\mathrm{e}}", r"1 - \frac{1}{\mathrm{e}}").correct
+    assert grade_one(B % r"\frac{e-1}{e}", r"1 - \frac{1}{\mathrm{e}}").correct
 
 
 # ------------------------------------------------------------------------------ the pool

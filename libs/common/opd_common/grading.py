@@ -2,10 +2,14 @@
 
 Pipeline for one (response text, gold answer) pair, following the OPSD evaluator:
 
-1. extract the answer: the last ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces, else the
-   last ``Answer: ...`` line; a response whose last box is cut off (truncated) has no answer;
+1. extract the answer: the last ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces (with the
+   boxes listed right before it: '$\\boxed{1}$ and $\\boxed{-2}$' is '1, -2'), else the last
+   ``Answer: ...`` line; a response whose last box is cut off (truncated) has no answer. A gold
+   that holds a box (a worked solution) is read the same way;
 2. ``mode="math"``: equal after string normalization -> match; else math-verify ``parse`` of both
-   sides (a bare gold is wrapped in ``$...$``) and ``verify`` with a timeout;
+   sides (a bare gold is wrapped in ``$...$``) and ``verify`` with a timeout (inequalities against
+   intervals allowed), then opd's own rules: decimal commas, decimal approximations, inequalities
+   joined by 'or' against a union of intervals;
    ``mode="integer"`` (AIME-style): both sides reduced to integers and compared.
 
 math-verify enforces its timeout with ``signal.alarm``, which only works in a process's main
@@ -109,10 +113,11 @@ def extract_boxed(text: str) -> str | None:
 
 
 # What may stand between the boxes of one answer list: '$\boxed{1}$ and $\boxed{-2}$',
-# 'x = \boxed{1}, x = \boxed{-2}', '\boxed{(1,2)},\quad \boxed{(3,4)}'. Prose ('Wait, no:') ends the list.
+# 'x = \boxed{1}, x = \boxed{-2}', '\boxed{(1,2)},\quad \boxed{(3,4)}', '\boxed{1} papers and \boxed{2}' (a unit
+# word, then 'and'). Other prose ('Wait, no:', '. Checking again,') ends the list.
 _LIST_GLUE = re.compile(r"(?:\s|\$|\\[()\[\]]|[,;&]|\\\\|\\q?quad\b|\\[,;:! ]|~|\b(?:and|or)\b"
                         r"|\\(?:text|mathrm|textrm)\s*\{\s*(?:and|or|,)?\s*\}"
-                        r"|[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=)*", re.IGNORECASE)
+                        r"|[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=|\b[A-Za-z]{2,12}\s+and\b)*", re.IGNORECASE)
 
 
 def extract_boxes(text: str) -> list[str] | None:
@@ -253,8 +258,7 @@ def _evaluate_integer(value, timeout: float) -> int | None:
 # ---------------------------------------------------------------------------------- grading
 
 
-def _parse(latex: str, timeout: float) -> list:
-    """math-verify parse with its signal timeout; a TimeoutException propagates, errors -> []."""
+def _parse_raw(latex: str, timeout: float) -> list:
     from math_verify import parse
     from math_verify.errors import TimeoutException
 
@@ -264,6 +268,31 @@ def _parse(latex: str, timeout: float) -> list:
         raise
     except Exception:
         return []
+
+
+_LETTER_IN_TEXT = re.compile(r"\\(?:text|mathrm|textrm|mathit)\s*\{\s*([A-Za-z])\s*\}")
+
+
+def _mangled(parsed: list) -> bool:
+    """Whether math-verify's reading of a text is cut off: the text it read has unbalanced braces."""
+    texts = [re.sub(r"\\[{}]", "", item) for item in parsed if isinstance(item, str)]
+    return any(text.count("{") != text.count("}") for text in texts)
+
+
+def _parse(latex: str, timeout: float) -> list:
+    """math-verify parse with its signal timeout; a TimeoutException propagates, errors -> [].
+
+    math-verify drops a ``\\text{..}``/``\\mathrm{..}`` it takes for a unit even inside a group, so
+    '1 - \\frac{1}{\\mathrm{e}}' reads as 1. A reading cut off like that (unbalanced braces in the text
+    it read) is retried with such one-letter wrappers removed, and if still cut off it counts as no value.
+    """
+    parsed = _parse_raw(latex, timeout)
+    if _mangled(parsed):
+        retry = _LETTER_IN_TEXT.sub(r"\1", latex)
+        parsed = _parse_raw(retry, timeout) if retry != latex else parsed
+        if _mangled(parsed):
+            parsed = [item for item in parsed if isinstance(item, str)]
+    return parsed
 
 
 def _verify(gold: list, pred: list, timeout: float) -> bool:
@@ -374,8 +403,8 @@ def _inequalities_union(gold_parsed: list, pred: str, timeout: float) -> bool:
     if not gold_sets or not _OR.search(pred):
         return False
     for value in _parse(_as_latex(_OR.sub(",", pred)), timeout):
-        if not isinstance(value, sympy.FiniteSet) or not all(isinstance(r, sympy.core.relational.Relational)
-                                                             for r in value.args):
+        conditions = (sympy.core.relational.Relational, sympy.logic.boolalg.And)
+        if not isinstance(value, sympy.FiniteSet) or not all(isinstance(r, conditions) for r in value.args):
             continue
         if len(set().union(*(r.free_symbols for r in value.args))) != 1:
             continue
@@ -425,10 +454,12 @@ def grade_one(prediction_text: str, gold: str, mode: str = "math", timeout: floa
             return Grade(True, answer, "match")
         gold_text, pred_text = _decimal_comma(gold, answer), _decimal_comma(answer, gold)
         gold_parsed, pred_parsed = _parse(_as_latex(gold_text), timeout), _parse(_as_latex(pred_text), timeout)
-        if not _has_value(gold_parsed) or not _has_value(pred_parsed):
+        if not _has_value(gold_parsed):
             return Grade(False, answer, "parse-failure")
-        ok = _verify(gold_parsed, pred_parsed, timeout) or \
+        ok = _has_value(pred_parsed) and _verify(gold_parsed, pred_parsed, timeout) or \
             _beyond_math_verify(gold_text, pred_text, gold_parsed, pred_parsed, timeout)
+        if not ok and not _has_value(pred_parsed):
+            return Grade(False, answer, "parse-failure")
     except TimeoutException:
         return Grade(False, answer, "timeout")
     return Grade(ok, answer, "match" if ok else "mismatch")
