@@ -121,7 +121,7 @@ def command(loop: str, engine: str, lag: int, model: Path, run_dir: Path, args) 
     rollout = (f"{bin_dir}/opd-rollout --model {model} --follow {run_dir} --max-lag {lag} --batch-prompts {prompts} "
                f"-n {n} --max-tokens {tokens} {' '.join(r)} train-math")
     train = (f"{bin_dir}/opd-train --model {model} --out {run_dir} --max-steps {args.steps} --batch-groups {prompts} "
-             f"--save-every 1 --max-staleness {lag} --lora-r 64 --lora-alpha 128 --lr 1e-5 {' '.join(t)}")
+             f"--save-every 10 --share-policy --max-staleness {lag} --lora-r 64 --lora-alpha 128 --lr 1e-5 {' '.join(t)}")
     if loop == "opd":
         return (f"{rollout} | {bin_dir}/opd-score --teacher t={model} --topk 16 --quiet --token-budget "
                 f"{args.score_token_budget} | {train} --loss fkl")
@@ -152,7 +152,7 @@ def analyse(spans: list[dict], metrics: list[dict], warmup: int, model_shape: di
     for tool, name, label in [("opd-rollout", "decode", "rollout_decoding"), ("opd-rollout", "adapter", "adapter_load"),
                               ("opd-rollout", "wait", "rollout_waits_for_trainer"), ("opd-score", "score", "scoring"),
                               ("opd-score", "read", "scorer_waits_for_input"), ("opd-train", "step", "training"),
-                              ("opd-train", "save", "checkpoint_snapshot"),
+                              ("opd-train", "share", "policy_share"), ("opd-train", "save", "checkpoint_snapshot"),
                               ("opd-train", "save_write", "checkpoint_write_background"),
                               ("opd-train", "read", "trainer_waits_for_records")]:
         chosen = [(s["start"], s["end"]) for s in spans if s["tool"] == tool and s["name"] == name]
@@ -235,14 +235,14 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| run | tokens/s | s/step | decode | adapter | rollout waits | scoring | training | snapshot | "
-             "write (bg) | trainer waits | ratio | roofline |", "|" + "---|" * 13]
+    lines = ["| run | tokens/s | s/step | decode | adapter | rollout waits | scoring | training | policy share | "
+             "snapshot | write (bg) | trainer waits | ratio | roofline |", "|" + "---|" * 14]
     for r in results:
         s = r["split_seconds_per_step"]
         ratio = r.get("importance_ratio", {}).get("mean", "")
         roof = r["rollout"].get("roofline_fraction", "")
         cells = [s.get(k, "") for k in ("rollout_decoding", "adapter_load", "rollout_waits_for_trainer", "scoring",
-                                        "training", "checkpoint_snapshot", "checkpoint_write_background",
+                                        "training", "policy_share", "checkpoint_snapshot", "checkpoint_write_background",
                                         "trainer_waits_for_records")]
         lines.append(f"| {r['run']} | {r['completion_tokens_per_s']:,.0f} | {r['seconds_per_step']} | "
                      + " | ".join(str(c) for c in cells) + f" | {ratio} | {roof} |")

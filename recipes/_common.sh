@@ -5,6 +5,8 @@
 #   --model M  --teacher T  --post P  --pre Q  --out DIR  --steps K  --data D  --group-size N
 #   --groups G  --max-tokens L  --engine auto|vllm|hf  --lr X  --lora-r R  --lora-alpha A
 #   --max-lag L   (0 = strictly on-policy; 1 = sampling overlaps training; default per recipe)
+#   --save-every N   checkpoint (optimizer state included, fsynced: what --resume needs) every N steps,
+#                 default 10; every step's adapter reaches the rollout through opd-train --share-policy
 #   --extra-rollout "FLAGS"  --extra-score "FLAGS"  --extra-train "FLAGS"   (word-split, appended)
 #   --gen-factor F  --overlong-buffer B   (dapo only)
 #   --bin DIR   where the opd-* executables are (default: on PATH)
@@ -19,7 +21,7 @@ opd_parse() {
     while [ $# -gt 0 ]; do
         case "$1" in
             -h|--help) opd_usage; exit 0 ;;
-            --model|--teacher|--post|--pre|--out|--steps|--data|--group-size|--groups|--max-tokens|--max-lag|--engine|--lr|--lora-r|--lora-alpha|--extra-rollout|--extra-score|--extra-train|--bin|--gen-factor|--overlong-buffer)
+            --model|--teacher|--post|--pre|--out|--steps|--data|--group-size|--groups|--max-tokens|--max-lag|--save-every|--engine|--lr|--lora-r|--lora-alpha|--extra-rollout|--extra-score|--extra-train|--bin|--gen-factor|--overlong-buffer)
                 [ $# -ge 2 ] || { echo "Error: $1 needs a value" >&2; exit 2; }
                 local name=${1#--}; name=${name//-/_}; name=${name^^}
                 [ "$name" != GROUPS ] || name=NGROUPS  # GROUPS is a bash builtin variable
@@ -33,7 +35,8 @@ opd_parse() {
     if [ -n "$BIN" ]; then BIN=${BIN%/}/; fi
     case "$ENGINE" in auto|vllm|hf) ;; *) echo "Error: --engine must be auto, vllm or hf, got '$ENGINE'" >&2; exit 2 ;; esac
     [[ "${MAX_LAG:-0}" =~ ^[0-9]+$ ]] || { echo "Error: --max-lag must be a non-negative integer, got '$MAX_LAG'" >&2; exit 2; }
-    for n in STEPS GROUP_SIZE NGROUPS MAX_TOKENS ${GEN_FACTOR:+GEN_FACTOR}; do
+    SAVE_EVERY=${SAVE_EVERY:-10}
+    for n in STEPS GROUP_SIZE NGROUPS MAX_TOKENS SAVE_EVERY ${GEN_FACTOR:+GEN_FACTOR}; do
         [[ "${!n}" =~ ^[1-9][0-9]*$ ]] || { local flag=${n#N}; echo "Error: --$(echo "${flag,,}" | tr _ -) must be a positive integer, got '${!n}'" >&2; exit 2; }
     done
 }

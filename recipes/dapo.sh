@@ -60,6 +60,6 @@ MODEL_LEN=$(( MAX_TOKENS + 1024 > 8192 ? MAX_TOKENS + 1024 : 8192 ))
     --max-model-len "$MODEL_LEN" --temperature 1.0 --thinking off --quiet "${XR[@]}" "$DATA" \
   | "${BIN}opd-score" --reward math --grader integer --require-stop --reward-scale pm1 \
     --max-response-tokens "$MAX_TOKENS" --overlong-buffer "$OVERLONG_BUFFER" --quiet "${XS[@]}" \
-  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every "$SAVE_EVERY" --share-policy \
     --loss dapo --clip-low 0.2 --clip-high 0.28 --kl-coef 0.01 --max-staleness 0 \
     --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --warmup-steps 10 --quiet "${XT[@]}"

@@ -51,6 +51,6 @@ opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --temperature 1.0 \
     --thinking off --topk-logprobs 16 --quiet "${XR[@]}" "$DATA" \
   | "${BIN}opd-score" --shift "post=$POST,pre=$PRE" --shift-k 16 --quiet "${XS[@]}" \
-  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every "$SAVE_EVERY" --share-policy \
     --loss shift --beta-init 2.5 --beta-eps 0.01 \
     --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --quiet "${XT[@]}"

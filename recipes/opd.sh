@@ -39,5 +39,5 @@ opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA
 "${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --quiet "${XR[@]}" "$DATA" \
   | "${BIN}opd-score" --teacher "t=$TEACHER" --quiet "${XS[@]}" \
-  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 --max-staleness "$MAX_LAG" \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every "$SAVE_EVERY" --share-policy --max-staleness "$MAX_LAG" \
     --loss rkl --teacher t --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --quiet "${XT[@]}"

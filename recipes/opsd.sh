@@ -47,6 +47,6 @@ opd_words XR "$EXTRA_ROLLOUT"; opd_words XT "$EXTRA_TRAIN"
 "${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" \
     --temperature 1.1 --top-p 0.95 --top-k 20 --thinking off --quiet "${XR[@]}" "$DATA" \
-  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every 1 --max-staleness "$MAX_LAG" \
+  | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every "$SAVE_EVERY" --share-policy --max-staleness "$MAX_LAG" \
     --loss fkl --self-teacher opsd --self-teacher-thinking on --kl-clip 0.05 --loss-temperature 1.1 \
     --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --max-grad-norm 0.1 --quiet "${XT[@]}"

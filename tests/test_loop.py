@@ -105,6 +105,40 @@ def test_max_lag_1_with_vllm_decodes_two_batches_at_once_and_stamps_each_with_it
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_share_policy_hands_every_step_over_without_a_checkpoint(tiny_model, tiny_teacher, tmp_path, engine):
+    """opd-train --share-policy --save-every 3: the rollout samples each batch with the adapter the trainer shared
+    after the step before (RUN/policy/v-NNNNNN), so --max-lag 0 stays strictly on-policy (importance ratio 1)
+    with checkpoints only every third step; the newest POLICY_KEEP shared folders are kept."""
+    from opd_common import rundir
+
+    run_dir, rollouts = tmp_path / "run", tmp_path / "rollouts.jsonl"
+    command = pipeline(tiny_model, tiny_teacher, tmp_path, engine, 0, 5, rollouts,
+                       train_extra="--save-every 3 --share-policy")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    for step, recs in trained_by_step(records, rows).items():
+        assert {r["policy"]["version"] for r in recs} == {step - 1}
+        expected = None if step == 1 else str(run_dir / "policy" / f"v-{step - 1:06d}")
+        assert {r["policy"]["adapter"] for r in recs} == {expected}
+    for row in rows:
+        assert row["ratio"] == pytest.approx(1.0, abs=1e-3), row
+    assert [c.step for c in rundir.list_checkpoints(run_dir)] == [3, 5]
+    assert sorted(p.name for p in (run_dir / "policy").iterdir()) == [
+        "latest", *(f"v-{s:06d}" for s in range(6 - rundir.POLICY_KEEP, 6))]
+    assert rundir.read_policy(run_dir).step == 5
+    # a shared adapter holds the same weights as the checkpoint of its step
+    from safetensors.numpy import load_file
+
+    shared, saved = (load_file(str(p / "adapter_model.safetensors"))
+                     for p in (run_dir / "policy" / "v-000005", run_dir / "checkpoint-000005"))
+    assert shared.keys() == saved.keys() and all((shared[k] == saved[k]).all() for k in shared)
+
+
+@pytest.mark.slow
 def test_a_loop_whose_trainer_does_not_checkpoint_every_step_fails_at_once(tiny_model, tiny_teacher, tmp_path):
     """--max-lag 0 with opd-train --save-every 3: batch 1 needs checkpoint 1, which the trainer will not write;
     the pipe fails within seconds naming the fix (it used to hang for --follow-timeout, an hour by default)."""
@@ -114,7 +148,7 @@ def test_a_loop_whose_trainer_does_not_checkpoint_every_step_fails_at_once(tiny_
     assert done.returncode != 0
     assert ("the trainer has done 1 steps and waits for records, but its newest checkpoint is step 0 "
             "(--save-every 3)") in done.stderr, done.stderr[-3000:]
-    assert "run opd-train with --save-every 1 in a --follow loop" in done.stderr
+    assert "run opd-train with --share-policy (or --save-every 1) in a --follow loop" in done.stderr
     # the trainer's input ended short: it saved what it did as a resumable checkpoint that says so
     state = json.loads((tmp_path / "run" / "checkpoint-000001" / "trainer_state.json").read_text())
     assert (state["step"], state["max_steps"], state["complete"]) == (1, 4, False)
@@ -254,7 +288,7 @@ def test_follower_samples_again_only_for_a_trainer_that_has_read_everything(tmp_
     follower.batch, follower.emitted = 1, 4  # batch 0 (4 records) written; batch 1 needs step 1
     stuck = (f"--follow {tmp_path}: the trainer is at step 0, batch 1 needs step >= 1, and nothing changed for "
              "--follow-timeout 0.3 s")
-    hint = " (is opd-train running with --save-every 1?)"
+    hint = " (is opd-train running with --share-policy or --save-every 1?)"
     for state, read in [(None, None), ((0, 2), 2)]:
         if state is not None:
             reader(*state)  # still reading
@@ -274,7 +308,7 @@ def test_follower_samples_again_only_for_a_trainer_that_has_read_everything(tmp_
     assert str(error.value) == (
         f"--follow {tmp_path}: the trainer has done 1 steps and waits for records, but its newest checkpoint is "
         "step 0 (--save-every 2), so this rollout cannot sample the next batch with --max-lag 0: run opd-train "
-        "with --save-every 1 in a --follow loop")
+        "with --share-policy (or --save-every 1) in a --follow loop")
     follower.config.follow_timeout = 0.3
     reader(0, 4)  # starved: sample again (same version), still waiting for step 1 before batch 1
     assert follower.before_batch(engine=None) is True

@@ -6,6 +6,10 @@
                          trainer_state.pt (optimizer, scheduler, RNG states: --resume only)
   latest                 "checkpoint-NNNNNN\\n": the newest finished checkpoint
   reader.json            the trainer's input reader while it waits for records (opd-rollout --follow)
+  policy/                opd-train --share-policy: v-NNNNNN/ (the adapter after step NNNNNN: adapter files and
+                         trainer_state.json, no optimizer state, not fsynced) and policy/latest naming the newest;
+                         the newest POLICY_KEEP are kept. A hand-over to followers, not a checkpoint: --resume and
+                         opd-publish never read it, and opd-train clears it when it (re)starts.
 
 The handshake: the writer fills a hidden ``.checkpoint-NNNNNN.tmp/``, fsyncs every file, renames it into
 place and only then replaces ``latest`` (atomically). So a checkpoint folder is complete as soon as it is
@@ -34,12 +38,20 @@ TRAINER_STATE = "trainer_state.json"  # in a checkpoint: step, max_steps, record
 RESUME_STATE = "trainer_state.pt"  # in a checkpoint: optimizer, scheduler, RNG states (opd-train --resume)
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+POLICY = "policy"  # opd-train --share-policy: the newest adapters for followers (policy/v-NNNNNN/, policy/latest)
+POLICY_KEEP = 4  # policy folders kept (a follower loads the newest; --max-lag L needs L + 1 at most)
+POLICY_RE = re.compile(r"v-(\d+)")
 CHECKPOINT_RE = re.compile(r"checkpoint-(\d+)")  # opd-train writes 6+ digits; other trainers' folders fewer
 
 
 def checkpoint_name(step: int) -> str:
     """The folder name of the checkpoint of trainer step `step`: checkpoint-000050."""
     return f"checkpoint-{step:06d}"
+
+
+def policy_name(step: int) -> str:
+    """The folder name (under policy/) of the adapter shared after trainer step `step`: v-000050."""
+    return f"v-{step:06d}"
 
 
 def parse_checkpoint_name(name: str) -> int | None:
@@ -129,15 +141,30 @@ def find_checkpoint(run_dir: Path, step: int) -> Checkpoint | None:
     return Checkpoint(step, path)
 
 
+def read_policy(run_dir: Path) -> Checkpoint | None:
+    """The adapter policy/latest names (opd-train --share-policy), None when there is none or its folder is gone."""
+    try:
+        name = (Path(run_dir) / POLICY / LATEST).read_text().strip()
+    except OSError:
+        return None
+    m = POLICY_RE.fullmatch(name)
+    path = Path(run_dir) / POLICY / name
+    if m is None or not path.is_dir():
+        return None
+    return Checkpoint(int(m.group(1)), path)
+
+
 class RunReader:
     """A reader's view of a run directory that opd-train is writing now (opd-rollout --follow): its config.json
-    (parsed again only when the file changed: a follower looks every 20 ms), `latest` and reader.json."""
+    (parsed again only when the file changed: a follower looks every 20 ms), `latest`, policy/latest and
+    reader.json."""
 
     def __init__(self, run_dir: Path | str):
         self.path = Path(run_dir)
         self._config: tuple[tuple[int, int], dict] | None = None  # ((mtime_ns, size), config) last parsed
         self._latest: Checkpoint | None = None
         self.before = self.reader_text()  # a reader.json already there is a previous (killed) trainer's
+        self.policy_before = self.policy_text()  # likewise policy/latest (the restarted trainer clears it)
 
     def config(self) -> dict:
         """The trainer's resolved options (config.json's "config"; {} before the file exists)."""
@@ -159,6 +186,29 @@ class RunReader:
         except ConfigError:
             pass
         return self._latest
+
+    def policy_text(self) -> str | None:
+        try:
+            return (self.path / POLICY / LATEST).read_text()
+        except OSError:
+            return None
+
+    def policy(self) -> Checkpoint | None:
+        """The newest shared adapter (opd-train --share-policy) of the trainer running now: None before its
+        first, and while policy/latest is the one a previous (killed) trainer left."""
+        if self.policy_before is not None:
+            if self.policy_text() == self.policy_before:
+                return None
+            self.policy_before = None
+        return read_policy(self.path)
+
+    def newest(self) -> Checkpoint | None:
+        """The newest adapter a follower may sample with: the shared policy or the checkpoint `latest` names,
+        whichever is of the later step (the policy on a tie: it is in memory)."""
+        latest, policy = self.latest(), self.policy()
+        if policy is not None and (latest is None or policy.step >= latest.step):
+            return policy
+        return latest
 
     def reader_text(self) -> str | None:
         try:

@@ -222,10 +222,11 @@ class Follower:
             time.sleep(0.1)
 
     def trainer_state(self) -> tuple[int, int | None, Path | None]:
-        """(steps done, the run's --max-steps, newest checkpoint) as the run dir says now."""
+        """(steps done, the run's --max-steps, newest adapter: the shared policy or the checkpoint) as the run dir
+        says now."""
         max_steps = self.run.config().get("max_steps")
-        latest = self.run.latest()
-        return (0, max_steps, None) if latest is None else (latest.step, max_steps, latest.path)
+        newest = self.run.newest()
+        return (0, max_steps, None) if newest is None else (newest.step, max_steps, newest.path)
 
     def check_checkpoints(self, state: dict, step: int) -> None:
         """Fail at once, not after --follow-timeout, when the trainer (its reader.json `state`) has read every
@@ -242,14 +243,15 @@ class Follower:
             saves = f"--save-every {every}" if every else "no --save-every (it saves only at the end)"
             raise OpdError(f"--follow {self.run_dir}: the trainer has done {done} steps and waits for records, but its "
                            f"newest checkpoint is step {step} ({saves}), so this rollout cannot sample the next batch "
-                           f"with --max-lag {self.config.max_lag}: run opd-train with --save-every 1 "
-                           "in a --follow loop")
+                           f"with --max-lag {self.config.max_lag}: run opd-train with --share-policy (or "
+                           "--save-every 1) in a --follow loop")
 
     def skip_trained(self, rows):
         """A restarted loop: skip the prompts whose groups the run's newest checkpoint has trained on."""
-        step, _, path = self.trainer_state()
-        if path is None:
+        latest = self.run.latest()  # the checkpoint a restarted trainer resumes from (policy/ is cleared then)
+        if latest is None:
             return rows
+        step, path = latest.step, latest.path
         read = rundir.read_trainer_state(path).get("records_read", 0)
         skip = read // self.config.n
         self.batch = step
@@ -313,7 +315,7 @@ class Follower:
         reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
         return OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
                         f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "
-                        f"{self.config.follow_timeout:g} s{reading} (is opd-train running with --save-every 1?)")
+                        f"{self.config.follow_timeout:g} s{reading} (is opd-train running with --share-policy or --save-every 1?)")
 
     def extra_batch(self, step: int) -> None:
         log.info("the trainer read all %d records and needs more for step %d (it dropped groups: "

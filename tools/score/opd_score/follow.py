@@ -2,8 +2,9 @@
 
 In the on-policy loop ``opd-rollout --follow RUN | opd-score --follow RUN --teacher t=BASE | opd-train
 --out RUN`` every record carries ``policy.version``, the trainer step of the checkpoint that sampled
-it. Each ``--teacher`` (the student's base model) scores a record with ``RUN/checkpoint-NNNNNN`` of
-that version (version 0: the base weights, adapter off). A window is split by version; the teacher
+it. Each ``--teacher`` (the student's base model) scores a record with the adapter of that version:
+``RUN/policy/v-NNNNNN`` while opd-train --share-policy keeps it, else ``RUN/checkpoint-NNNNNN`` (version 0:
+the base weights, adapter off). A window is split by version; the teacher
 swaps its LoRA weights in place between the groups (the base model loads once) and the scores go
 back to the records in input order. The version's checkpoint path goes into ``teachers.NAME.adapter``.
 """
@@ -33,13 +34,17 @@ def adapter_for(run_dir: str, rec: dict, where: Where, finished: dict[int, rundi
         raise RecordError(f"{where} (id {rec.get('id')}): policy.version is {version!r}, --follow {run_dir} needs "
                           "the trainer step that sampled it (records from opd-rollout --follow carry it)")
     expected = None if version == 0 else rundir.checkpoint_name(version)
+    shared = None if version == 0 else rundir.policy_name(version)  # opd-train --share-policy's folder
     sampled = policy.get("adapter")
-    if (None if sampled is None else Path(sampled).name) != expected:
+    if (None if sampled is None else Path(sampled).name) not in (expected, shared):
         raise RecordError(f"{where} (id {rec['id']}): policy.version {version} but policy.adapter is {sampled!r}; "
                           f"--follow {run_dir} scores version {version} with {expected or 'the base weights'}, "
                           "so these records were not sampled by opd-rollout --follow of this run")
     if version == 0:
         return None
+    policy_path = Path(run_dir) / rundir.POLICY / shared
+    if policy_path.is_dir():  # the same weights as checkpoint `version`, kept for the newest steps only
+        return str(policy_path)
     path = Path(run_dir) / expected
     if version not in finished:
         raise RecordError(f"{where} (id {rec['id']}): policy.version {version} needs the checkpoint {path}, which "

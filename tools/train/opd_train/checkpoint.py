@@ -49,14 +49,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def snapshot(student, state: dict[str, Any]) -> dict[str, Any]:
     """A CPU copy of what a checkpoint holds (adapter weights, LoRA config, trainer state), taken in the
     training thread so that the files can be written while the next step changes the live tensors."""
-    import copy
-
     from peft import get_peft_model_state_dict
 
     weights = get_peft_model_state_dict(student.peft, save_embedding_layers=False)  # the vocabulary never changes
-    lora = copy.deepcopy(student.peft.peft_config["default"])
-    lora.inference_mode = True  # as peft's save_pretrained writes it
-    return {"weights": {k: _cpu(v).contiguous() for k, v in weights.items()}, "lora": lora, "state": _cpu(state)}
+    return {"weights": {k: _cpu(v).contiguous() for k, v in weights.items()}, "lora": snapshot_lora(student),
+            "state": _cpu(state)}
 
 
 def _cpu(obj):
@@ -137,6 +134,76 @@ class BackgroundWriter:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+
+class PolicySharer:
+    """--share-policy: after every step, the adapter for followers (opd-rollout / opd-score --follow) in
+    RUN/policy/v-NNNNNN/ and policy/latest (opd_common.rundir), without the optimizer state and without fsync:
+    a hand-over through the page cache, not a checkpoint (a crash loses nothing that --resume needs).
+
+    share() copies the LoRA weights into CPU buffers allocated once (pinned on CUDA: one device-to-host copy
+    per tensor, no allocation) and writes the files in a thread; the pointer moves after the folder is in
+    place, and the oldest folders beyond rundir.POLICY_KEEP go. The next share() waits for the previous write
+    first (the buffers are reused)."""
+
+    def __init__(self, run_dir: Path):
+        self.root = Path(run_dir) / rundir.POLICY
+        shutil.rmtree(self.root, ignore_errors=True)  # a previous trainer's: its steps are being trained again
+        self.root.mkdir(parents=True)
+        self.writer = BackgroundWriter()
+        self.buffers: dict[str, Any] = {}
+        self.lora = None
+
+    def share(self, student, step: int, summary: dict[str, Any]) -> None:
+        import torch
+        from peft import get_peft_model_state_dict
+
+        self.writer.wait()
+        weights = get_peft_model_state_dict(student.peft, save_embedding_layers=False)
+        if not self.buffers:
+            pin = any(v.is_cuda for v in weights.values())
+            self.buffers = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=pin) for k, v in weights.items()}
+            self.lora = snapshot_lora(student)
+        for key, value in weights.items():
+            self.buffers[key].copy_(value.detach(), non_blocking=True)
+        if any(v.is_cuda for v in weights.values()):
+            torch.cuda.current_stream().synchronize()
+        self.writer.submit(lambda: write_policy(self.root, step, self.buffers, self.lora, summary))
+
+    def wait(self) -> None:
+        self.writer.wait()
+
+
+def snapshot_lora(student):
+    """The LoRA config as peft's save_pretrained writes it (inference mode)."""
+    import copy
+
+    lora = copy.deepcopy(student.peft.peft_config["default"])
+    lora.inference_mode = True
+    return lora
+
+
+def write_policy(root: Path, step: int, weights: dict[str, Any], lora, summary: dict[str, Any]) -> Path:
+    """policy/v-NNNNNN: filled in a hidden folder, renamed into place, then named by policy/latest (renamed
+    too, so a reader sees the old name or the new one whole); the folders before the newest POLICY_KEEP go."""
+    from safetensors.torch import save_file
+
+    final = root / rundir.policy_name(step)
+    tmp = root / f".{final.name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(weights, str(tmp / rundir.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    lora.save_pretrained(str(tmp))
+    (tmp / rundir.TRAINER_STATE).write_text(json.dumps(summary) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    pointer = root / f".{rundir.LATEST}.tmp"
+    pointer.write_text(final.name + "\n")
+    os.replace(pointer, root / rundir.LATEST)
+    shared = sorted(p.name for p in root.iterdir() if rundir.POLICY_RE.fullmatch(p.name))  # v-NNNNNN: by step
+    for old in shared[:-rundir.POLICY_KEEP]:
+        shutil.rmtree(root / old, ignore_errors=True)
+    return final
 
 
 def load(path: Path, student) -> dict[str, Any]:

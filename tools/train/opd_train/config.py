@@ -67,6 +67,9 @@ class TrainConfig:
     max_grad_norm: float | None = opt(1.0, "Clip the global gradient norm (0 = off).")
     # run
     save_every: int | None = opt(None, "Checkpoint every N steps (and always at the end).")
+    share_policy: bool = opt(False, "After every step, hand the adapter to the loop's followers in RUN/policy/ "
+                                    "(no optimizer state, no fsync; opd-rollout --follow samples with it): the "
+                                    "fast hand-over, and checkpoints need not be every step.")
     publish: str | None = opt(None, "Publish each checkpoint as it is saved (opd-publish push to hf://ORG/NAME or "
                                     "file:///DIR); a failed or unverified publish stops the run.")
     input_continues: bool = opt(False, "With --resume: the inputs continue after what the run read (e.g. a restarted "

@@ -39,7 +39,8 @@ log = logging.getLogger("opd-train")
 _END = object()
 
 # options that may differ between a run and its --resume
-NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device", "publish", "input_continues"}
+NOT_COMPARED = {"resume", "overwrite", "quiet", "metrics_stdout", "device", "publish", "input_continues",
+                "share_policy"}
 
 
 class ShortInput(OpdError):
@@ -63,6 +64,7 @@ def prepare_run_dir(config, inputs: list[str]) -> Path:
         if differ:
             raise ConfigError(f"--resume: the options differ from the run's config.json ({', '.join(differ)}); "
                               "resume with the same options (the step budget included), or start a new --out")
+        shutil.rmtree(run_dir / rundir.POLICY, ignore_errors=True)  # the killed trainer's steps past `latest`
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         if not config.overwrite:
@@ -155,8 +157,8 @@ def announce_waits(items, announce, wait: float = 0.05):
 
 def publish_reader(run_dir: Path, stream: StepBatches, trainer: Trainer | None = None) -> None:
     """RUN/reader.json: the step being filled and the records read so far, written when the input runs dry.
-    The checkpoint being written is finished first, so a reader.json never names steps done that a rollout
-    cannot find as checkpoints (it would take the trainer for one that does not save every step)."""
+    The checkpoint (and shared policy) being written is finished first, so a reader.json never names steps done
+    that a rollout cannot find (it would take the trainer for one that does not save every step)."""
     if trainer is not None:
         trainer.flush()
     state = {"steps_done": stream.step, "filling": stream.step + 1, "records_read": stream.consumed,
@@ -244,6 +246,7 @@ def train_loop(config, trainer: Trainer, stream, stdout) -> None:
                 log_metrics(metrics, metrics_file, stdout if config.metrics_stdout else None)
             bar.update(1)
             bar.set_postfix(loss=f"{metrics['loss']:.4g}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+            trainer.share_policy()
             if config.save_every and trainer.step % config.save_every == 0 or trainer.step == config.max_steps:
                 trainer.save(metrics)
     trainer.last_metrics = metrics

@@ -104,6 +104,7 @@ class Trainer:
         self.last_saved = 0
         self.last_metrics: dict | None = None
         self.writer = ckpt.BackgroundWriter(on_done=lambda path: log.info("saved %s", path))
+        self.sharer = ckpt.PolicySharer(run_dir) if config.share_policy and run_dir and self.rank == 0 else None
 
     def _join(self, config) -> str:
         """--device, or this rank's under accelerate launch (distributed.py: the process group, FSDP)."""
@@ -158,9 +159,20 @@ class Trainer:
             self.writer.wait()
             self.on_save(self.run_dir, self.step)
 
+    def share_policy(self) -> None:
+        """--share-policy: this step's adapter to RUN/policy/ for the loop's followers (PolicySharer)."""
+        if self.sharer is None:
+            return
+        summary = {"step": self.step, "max_steps": self.config.max_steps, "records_read": self.consumed,
+                   "policy": True}
+        with timeline("opd-train").span("share", step=self.step):
+            self.sharer.share(self.student, self.step, summary)
+
     def flush(self) -> None:
-        """Block until every checkpoint submitted is on disk (re-raises a failed write)."""
+        """Block until every checkpoint (and shared policy) submitted is written (re-raises a failed write)."""
         self.writer.wait()
+        if self.sharer is not None:
+            self.sharer.wait()
 
     # ------------------------------------------------------------------ one step
 

@@ -1,0 +1,105 @@
+"""What a new adapter version costs vLLM: `LLMEngine.add_lora` of a Qwen3-1.7B-shaped LoRA r64 (all seven
+projections, 392 tensors), as opd-rollout --follow calls it for every version, with a profile of where it goes.
+
+    python benchmarks/bench_lora_load_gpu.py --json docs/figures/lora_load_gpu.json    # one GPU, vLLM installed
+
+The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that cProfile sees the load. Each
+variant writes `--versions` adapters (fp32 as opd-train saves them, and bf16) and times add_lora of each; the
+first load of a variant is reported apart (it allocates the CPU cache's pinned buffers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "libs" / "common"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def write_adapters(model_dir: Path, out: Path, versions: int, dtype) -> list[Path]:
+    """`versions` peft folders of random LoRA r64 weights (non-zero B) in `dtype`."""
+    import torch
+    from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, device_map="cuda")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft = get_peft_model(lm, LoraConfig(r=64, lora_alpha=128, target_modules=targets))
+    folders = []
+    for v in range(versions):
+        folder = out / f"{str(dtype).split('.')[-1]}-v{v}"
+        weights = {k: (torch.randn_like(t, dtype=torch.float32) * 1e-3).to(dtype).cpu()
+                   for k, t in get_peft_model_state_dict(peft).items()}
+        folder.mkdir(parents=True)
+        save_file(weights, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        peft.peft_config["default"].save_pretrained(str(folder))
+        folders.append(folder)
+    del peft, lm
+    torch.cuda.empty_cache()
+    return folders
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--versions", type=int, default=6)
+    parser.add_argument("--json")
+    parser.add_argument("--profile-top", type=int, default=25)
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    import torch
+    from bench_loop_gpu import build_models
+    from vllm.lora.request import LoRARequest
+
+    from opd_common.engines.vllm_engine import build_llm
+
+    tmp = Path(tempfile.mkdtemp(prefix="opd-lora-load-"))
+    model = build_models(tmp, tiny=False)
+    variants = {"float32": write_adapters(model, tmp, args.versions, torch.float32),
+                "bfloat16": write_adapters(model, tmp, args.versions, torch.bfloat16)}
+    llm = build_llm(str(model), None, seed=0, dtype="auto", max_logprobs=20, memory=0.3, eager=False,
+                    max_model_len=4096, tokenizer=str(model), enable_lora=True, max_lora_rank=64, max_loras=2)
+    engine = llm.llm_engine
+    results, next_id = {}, 1
+    for name, folders in variants.items():
+        times, profile = [], cProfile.Profile()
+        for i, folder in enumerate(folders):
+            request = LoRARequest(f"{name}{i}", next_id, str(folder))
+            next_id += 1
+            if i == len(folders) - 1:
+                profile.enable()
+            t0 = time.perf_counter()
+            engine.add_lora(request)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+            if i == len(folders) - 1:
+                profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.profile_top)
+        results[name] = {"first_s": round(times[0], 4), "median_after_first_s": round(statistics.median(times[1:]), 4),
+                         "all_s": [round(t, 4) for t in times],
+                         "adapter_bytes": sum(p.stat().st_size for p in folders[0].iterdir())}
+        print(f"{name}: first {times[0]:.3f} s, then median {statistics.median(times[1:]):.3f} s "
+              f"({results[name]['adapter_bytes'] / 2**20:.0f} MiB)", flush=True)
+        print(text.getvalue()[:6000], flush=True)
+    figures = {"device": torch.cuda.get_device_name(), "results": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
