@@ -121,7 +121,8 @@ def command(loop: str, engine: str, lag: int, model: Path, run_dir: Path, args) 
     rollout = (f"{bin_dir}/opd-rollout --model {model} --follow {run_dir} --max-lag {lag} --batch-prompts {prompts} "
                f"-n {n} --max-tokens {tokens} {' '.join(r)} train-math")
     train = (f"{bin_dir}/opd-train --model {model} --out {run_dir} --max-steps {args.steps} --batch-groups {prompts} "
-             f"--save-every 10 --share-policy --max-staleness {lag} --lora-r 64 --lora-alpha 128 --lr 1e-5 {' '.join(t)}")
+             f"--save-every 10 --share-policy --max-staleness {lag} --lora-r 64 --lora-alpha 128 --lr 1e-5 "
+             f"{' '.join(t)}")
     if loop == "opd":
         return (f"{rollout} | {bin_dir}/opd-score --teacher t={model} --topk 16 --quiet --token-budget "
                 f"{args.score_token_budget} | {train} --loss fkl")
@@ -242,8 +243,8 @@ def table(results: list[dict]) -> str:
         ratio = r.get("importance_ratio", {}).get("mean", "")
         roof = r["rollout"].get("roofline_fraction", "")
         cells = [s.get(k, "") for k in ("rollout_decoding", "adapter_load", "rollout_waits_for_trainer", "scoring",
-                                        "training", "policy_share", "checkpoint_snapshot", "checkpoint_write_background",
-                                        "trainer_waits_for_records")]
+                                        "training", "policy_share", "checkpoint_snapshot",
+                                        "checkpoint_write_background", "trainer_waits_for_records")]
         lines.append(f"| {r['run']} | {r['completion_tokens_per_s']:,.0f} | {r['seconds_per_step']} | "
                      + " | ".join(str(c) for c in cells) + f" | {ratio} | {roof} |")
     return "\n".join(lines)

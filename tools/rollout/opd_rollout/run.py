@@ -315,7 +315,8 @@ class Follower:
         reading = "" if read is None else f"; it has read {read} of the {self.emitted} records sampled"
         return OpdError(f"--follow {self.run_dir}: the trainer is at step {step}, batch {self.batch} needs step "
                         f">= {self.batch - self.config.max_lag}, and nothing changed for --follow-timeout "
-                        f"{self.config.follow_timeout:g} s{reading} (is opd-train running with --share-policy or --save-every 1?)")
+                        f"{self.config.follow_timeout:g} s{reading} "
+                        "(is opd-train running with --share-policy or --save-every 1?)")
 
     def extra_batch(self, step: int) -> None:
         log.info("the trainer read all %d records and needs more for step %d (it dropped groups: "
