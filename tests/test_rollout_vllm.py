@@ -121,3 +121,44 @@ def test_lora_adapter_matches_a_peft_forward(runs, tiny_model):
     base_gap = max(float(np.abs(chosen(torch.log_softmax(teacher_forced_logits(base, r), -1), r)
                                 - r["logprobs"]).max()) for r in recs)
     assert base_gap > 0.1  # measured 0.5-1.6 per record: the adapter really is applied
+
+
+def _processes_of_session(sid: int) -> list[int]:
+    """Live processes whose session id is `sid` (/proc/PID/stat: state, ppid, pgrp, session after the name)."""
+    from pathlib import Path
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_reader_that_goes_away_leaves_no_vllm_process_behind(tiny_model, tmp_path):
+    """`opd-rollout | head -c 1`: the rollout's next write fails (EPIPE) and it leaves quietly with exit 0, shutting
+    its vLLM engine-core process down first. It used to leave that process running, holding the GPU's memory:
+    on a GPU machine the next loop then ran out of memory."""
+    import os
+    import signal
+    import time
+
+    cmd = (f"{BIN}/opd-rollout --model {tiny_model} --engine vllm --eager --quiet -n 2 --max-tokens 4 "
+           f"--batch-prompts 1 --limit 4 aime24 | head -c 1 > {tmp_path / 'out'}")
+    with open(tmp_path / "err", "wb") as err:  # files, not pipes: a process left behind would hold a pipe open
+        proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", cmd], start_new_session=True, stderr=err)
+    try:
+        assert proc.wait(timeout=600) == 0, (tmp_path / "err").read_text()[-3000:]
+        assert (tmp_path / "out").read_bytes() == b"{"
+        deadline = time.monotonic() + 30
+        while _processes_of_session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _processes_of_session(proc.pid) == [], "vLLM processes left behind by opd-rollout"
+    finally:
+        for pid in _processes_of_session(proc.pid):
+            os.kill(pid, signal.SIGKILL)

@@ -34,6 +34,9 @@ def handle_errors(func):
         except BrokenPipeError:
             # The reader went away (`| head`, or opd-train done with its --max-steps): stop quietly. os._exit,
             # not sys.exit: a reader thread may still block on stdin, and interpreter shutdown would abort on it.
+            # vLLM's engine-core processes go first: left behind, they would hold the GPU's memory.
+            for llm in list(_VLLM["engines"]):
+                close_vllm(llm)
             sys.stderr.flush()
             os._exit(0)
 
