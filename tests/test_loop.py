@@ -139,6 +139,28 @@ def test_share_policy_hands_every_step_over_without_a_checkpoint(tiny_model, tin
 
 
 @pytest.mark.slow
+def test_a_loop_whose_trainer_fails_at_its_start_ends_at_once(tiny_model, tiny_teacher, tmp_path):
+    """opd-train refuses its --out (a killed run's folder, no --resume): the scorer's write fails and it leaves,
+    and the rollout, waiting for step 1, sees its stdout closed and leaves too; the pipe fails within seconds
+    with the trainer's error (it used to wait out --follow-timeout, an hour by default)."""
+    import time
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(
+        {"config": {"max_steps": 3, "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj,v_proj"}}))
+    command = pipeline(tiny_model, tiny_teacher, tmp_path, "hf", 0, 3, tmp_path / "rollouts.jsonl")
+    command = command.replace(f"| tee {tmp_path / 'rollouts.jsonl'} ", "")  # the rollout writes to the scorer
+    started = time.monotonic()
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", command.replace("--limit 20", "--limit 20 "
+                                                                           "--follow-timeout 200")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert f"--out {run_dir} is not empty; use --resume" in done.stderr, done.stderr[-3000:]
+    assert time.monotonic() - started < 120
+
+
+@pytest.mark.slow
 def test_a_loop_whose_trainer_does_not_checkpoint_every_step_fails_at_once(tiny_model, tiny_teacher, tmp_path):
     """--max-lag 0 with opd-train --save-every 3: batch 1 needs checkpoint 1, which the trainer will not write;
     the pipe fails within seconds naming the fix (it used to hang for --follow-timeout, an hour by default)."""

@@ -135,6 +135,21 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
         yield last
 
 
+
+def reader_gone(stream=None) -> bool:
+    """True when `stream` (default stdout) is a pipe whose reading end has been closed: the next write would fail
+    with EPIPE. A process that waits before writing (opd-rollout --follow) asks this to leave at once when the rest
+    of its pipeline has gone, instead of after its timeout. False for files, terminals and in-memory streams."""
+    import select
+
+    try:
+        fd = (stream or sys.stdout).fileno()
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever the mask
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
 @dataclass
 class InputSource:
     """One input as given on the command line, with the hash that goes into a manifest."""

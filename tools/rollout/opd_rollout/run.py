@@ -15,7 +15,7 @@ from opd_common.engines import derive_seed
 from opd_common.errors import OpdError
 from opd_common.prompts import Prompter, PromptRow, iter_prompt_rows, resolve_prompt_specs
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
-from opd_common.streams import InputSource
+from opd_common.streams import InputSource, reader_gone
 from opd_common.timeline import timeline
 
 log = logging.getLogger("opd-rollout")
@@ -187,6 +187,7 @@ def _pipelined(config, source, engine, follower, requests_of, out: _Output) -> N
             waiting_since = time.time()
         if time.monotonic() > deadline:
             raise follower.timeout_error()
+        follower.check_downstream()
         time.sleep(0.02)
 
 
@@ -219,6 +220,7 @@ class Follower:
             if time.monotonic() > deadline:
                 raise OpdError(f"--follow {self.run_dir}: opd-train wrote no config.json there within --follow-timeout "
                                f"{self.config.follow_timeout:g} s (is it running with --out {self.run_dir}?)")
+            self.check_downstream()
             time.sleep(0.1)
 
     def trainer_state(self) -> tuple[int, int | None, Path | None]:
@@ -270,6 +272,7 @@ class Follower:
                     break
                 if time.monotonic() > deadline:
                     raise self.timeout_error()
+                self.check_downstream()
                 time.sleep(0.2)
         if verdict:
             self.advance(engine)
@@ -308,6 +311,12 @@ class Follower:
             self.extra_batch(step)
         else:
             self.batch += 1
+
+    def check_downstream(self) -> None:
+        """While waiting for the trainer: a closed stdout (the scorer or trainer downstream has gone, e.g. opd-train
+        refused its --out) ends the rollout now, as a write would, rather than after --follow-timeout."""
+        if not self.config.out and reader_gone():
+            raise BrokenPipeError("the rollout's stdout was closed by the rest of the pipeline")
 
     def timeout_error(self) -> OpdError:
         step = self.trainer_state()[0]
