@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -211,6 +212,8 @@ def model_shape(model: Path, lora_r: int) -> dict:
 def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     loop, engine, lag = spec.split(":")
     run_dir, timeline = tmp / f"run-{loop}-{engine}-{lag}", tmp / f"timeline-{loop}-{engine}-{lag}"
+    for old in (run_dir, timeline):  # a --keep folder from an earlier (interrupted) run: opd-train refuses it
+        shutil.rmtree(old, ignore_errors=True)
     cmd = command(loop, engine, int(lag), model, run_dir, args)
     env = dict(os.environ, OPD_TIMELINE=str(timeline))
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")

@@ -28,10 +28,13 @@
 #   - --max-lag 1 (default): step s trains on responses sampled by the adapter of step s - 1 or s - 2,
 #     so sampling overlaps training (with vLLM two batches decode at once). Measured on one H200
 #     (docs/benchmarks.md): 5,042 completion tokens/s, 6.5 s a step, and the trainer's importance
-#     ratio (reported, not applied: fkl has none) 0.998. --max-lag 0 is strictly on-policy, as the
+#     ratio (reported, not applied: fkl has none) 0.998; with --share-policy on one H100 5,067 and
+#     0.995. --max-lag 0 is strictly on-policy, as the
 #     seed samples every step (the earlier strict loop measured 1,905 tokens/s there). Each step's
 #     loss is one token mean over the batch.
 #   - The optimizer is opd-train's AdamW (constant schedule, no warm-up), weight decay 0.
+#   - Each step's adapter reaches the rollout through opd-train --share-policy (OUT/policy/, no
+#     optimizer state, no fsync); checkpoints for --resume come every --save-every steps (default 10).
 #
 # Other flags: --out DIR (required), --engine auto|vllm|hf, --extra-rollout/--extra-score/--extra-train
 # "FLAGS" (appended to that stage; --extra-score is unused here), --bin DIR (where opd-* live).
