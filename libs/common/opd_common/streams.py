@@ -135,7 +135,6 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
         yield last
 
 
-
 def reader_gone(stream=None) -> bool:
     """True when `stream` (default stdout) is a pipe whose reading end has been closed: the next write would fail
     with EPIPE. A process that waits before writing (opd-rollout --follow) asks this to leave at once when the rest
@@ -149,6 +148,7 @@ def reader_gone(stream=None) -> bool:
     poller = select.poll()
     poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever the mask
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
 
 @dataclass
 class InputSource:
