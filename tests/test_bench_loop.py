@@ -27,8 +27,10 @@ def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
         assert r["steps_measured"] == 2 and r["completion_tokens"] > 0
         assert r["completion_tokens_per_s"] == pytest.approx(r["completion_tokens"] / r["wall_s"], rel=0.01)
         split = r["split_seconds_per_step"]
-        for key in ("rollout_decoding", "training", "checkpoint_snapshot", "checkpoint_write_background"):
+        for key in ("rollout_decoding", "training", "policy_share"):  # every step hands its adapter over
             assert 0 < split[key] <= r["seconds_per_step"] + 0.01, (r["run"], key)
+        for key in ("checkpoint_snapshot", "checkpoint_write_background"):  # --save-every 10: none in the window
+            assert 0 <= split.get(key, 0) <= r["seconds_per_step"] + 0.01, (r["run"], key)
         assert r["rollout"]["decode_tokens_per_s"] > 0
     assert "scoring" in figures["results"][1]["split_seconds_per_step"]  # the external teacher's stage
     assert "importance_ratio" in figures["results"][0]  # fkl with the in-trainer teacher reports it

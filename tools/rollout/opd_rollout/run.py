@@ -315,7 +315,7 @@ class Follower:
     def check_downstream(self) -> None:
         """While waiting for the trainer: a closed stdout (the scorer or trainer downstream has gone, e.g. opd-train
         refused its --out) ends the rollout now, as a write would, rather than after --follow-timeout."""
-        if not self.config.out and reader_gone():
+        if not getattr(self.config, "out", None) and reader_gone():
             raise BrokenPipeError("the rollout's stdout was closed by the rest of the pipeline")
 
     def timeout_error(self) -> OpdError:
