@@ -147,9 +147,8 @@ class PolicySharer:
     first (the buffers are reused)."""
 
     def __init__(self, run_dir: Path):
-        self.root = Path(run_dir) / rundir.POLICY
-        shutil.rmtree(self.root, ignore_errors=True)  # a previous trainer's: its steps are being trained again
-        self.root.mkdir(parents=True)
+        self.root = Path(run_dir) / rundir.POLICY  # a previous trainer's is gone (opd_train.run.prepare_run_dir)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.writer = BackgroundWriter()
         self.buffers: dict[str, Any] = {}
         self.lora = None
@@ -160,13 +159,13 @@ class PolicySharer:
 
         self.writer.wait()
         weights = get_peft_model_state_dict(student.peft, save_embedding_layers=False)
+        on_cuda = any(v.is_cuda for v in weights.values())
         if not self.buffers:
-            pin = any(v.is_cuda for v in weights.values())
-            self.buffers = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=pin) for k, v in weights.items()}
+            self.buffers = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=on_cuda) for k, v in weights.items()}
             self.lora = snapshot_lora(student)
         for key, value in weights.items():
             self.buffers[key].copy_(value.detach(), non_blocking=True)
-        if any(v.is_cuda for v in weights.values()):
+        if on_cuda:
             torch.cuda.current_stream().synchronize()
         self.writer.submit(lambda: write_policy(self.root, step, self.buffers, self.lora, summary))
 
