@@ -74,7 +74,8 @@ def test_each_entry_builds_what_its_loss_call_reads_and_the_call_runs(name, opti
 
 
 # which block to drop from record() to get each hint; an entry with a hint needs a case here
-MISSING = {"fkl": ("teachers", "t", "topk_ids"), "shift": ("shift",), "grpo": ("reward",), "dapo": ("reward",)}
+MISSING = {"fkl": ("teachers", "t", "topk_ids"), "uld": ("teachers", "t", "topk_logprobs"),
+            "shift": ("shift",), "grpo": ("reward",), "dapo": ("reward",)}
 
 
 def test_every_hint_has_a_case():

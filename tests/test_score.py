@@ -286,8 +286,9 @@ def _build_teacher(out: Path, **tokenizer_kwargs) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["smaller-vocab", "other-merges"])
-def test_a_teacher_with_another_tokenizer_is_refused(rollouts, tiny_model, tmp_path, kind):
-    """Refused before any record is scored. 'smaller-vocab': BPE trained to 1024 ids on the same text,
+def test_a_teacher_with_another_tokenizer_is_refused_under_align_ids(rollouts, tiny_model, tmp_path, kind):
+    """--align ids: refused before any record is scored (--align auto scores it over text: test_score_xtok.py).
+    'smaller-vocab': BPE trained to 1024 ids on the same text,
     whose ids are a prefix of the student's 2048 (same strings; the student's upper 1024 ids do not
     exist for it). 'other-merges': 2048 ids trained on less text, so most ids mean other strings."""
     path, _ = rollouts
@@ -302,11 +303,11 @@ def test_a_teacher_with_another_tokenizer_is_refused(rollouts, tiny_model, tmp_p
         assert len(s_vocab) == len(t_vocab)
         differ = sum(s_by_id[i] != tok for tok, i in t_vocab.items())
         assert differ > len(t_vocab) // 2  # measured 1768 of 2048
-    err = error_of(score("--teacher", f"x={teacher}", path))
+    err = error_of(score("--teacher", f"x={teacher}", "--align", "ids", path))
     assert err == (
         f"Error: --teacher x={teacher}: its tokenizer differs from the student's ({tiny_model}): {differ} token ids "
         f"map to other strings or exist in only one of them (vocab sizes {len(s_vocab)} vs {len(t_vocab)}); "
-        "teachers must share the student's tokenizer because records carry token ids\n")
+        "--align ids needs the student's tokenizer; --align auto scores such a teacher over text chunks\n")
 
 
 def test_record_errors_name_the_record_and_field(rollouts, tiny_teacher, tiny_model, tmp_path):

@@ -56,7 +56,25 @@ class Decoder:
             out["response_tokens"] = tok.convert_ids_to_tokens(out["response_ids"])
             if "topk_ids" in out:
                 out["topk_tokens"] = [tok.convert_ids_to_tokens(row) for row in out["topk_ids"]]
+        chunks = {name: text_chunks(block["text"], out.get("logprobs"))
+                  for name, block in (out.get("teachers") or {}).items() if isinstance(block.get("text"), dict)}
+        if chunks:
+            out["teacher_chunks"] = chunks
         return out
+
+
+def text_chunks(text: dict, logprobs: list | None) -> list[dict]:
+    """A teacher with another tokenizer (teachers.NAME.text), readable: one entry per aligned chunk with its
+    text, the student's and the teacher's token ranges [start, end) and both log-probs of the chunk."""
+    out, s0, t0, c0 = [], 0, 0, 0
+    for s1, t1, c1, lp in zip(text["student_end"], text["teacher_end"], text["char_end"], text["chunk_logprobs"],
+                              strict=True):
+        row = {"text": text.get("text", "")[c0:c1], "student": [s0, s1], "teacher": [t0, t1], "teacher_logprob": lp}
+        if logprobs is not None:
+            row["student_logprob"] = float(np.sum(np.asarray(logprobs[s0:s1], np.float64)))
+        out.append(row)
+        s0, t0, c0 = s1, t1, c1
+    return out
 
 
 def _quantiles(values: list[int]) -> dict[str, float]:

@@ -91,6 +91,16 @@ TEACHER_FIELDS: dict[str, tuple[type, int]] = {
     "topk_logprobs": (LOGPROB_DTYPE, 2),
 }
 SHIFT_FIELDS: dict[str, tuple[type, int]] = {"ids": (ID_DTYPE, 2), "delta": (LOGPROB_DTYPE, 2)}
+# teachers.NAME.text (a teacher with another tokenizer; docs/records.md): aligned to the teacher's own tokens
+# of the response text ([U], [U][k]) or to the chunks ([C]), never to response_ids.
+TEXT_TEACHER_FIELDS: dict[str, tuple[type, int]] = {
+    "ids": (ID_DTYPE, 1), "logprobs": (LOGPROB_DTYPE, 1),
+    "topk_ids": (ID_DTYPE, 2), "topk_logprobs": (LOGPROB_DTYPE, 2),
+}
+TEXT_CHUNK_FIELDS: dict[str, tuple[type, int]] = {
+    "student_end": (ID_DTYPE, 1), "teacher_end": (ID_DTYPE, 1), "char_end": (ID_DTYPE, 1),
+    "chunk_logprobs": (LOGPROB_DTYPE, 1),
+}
 
 REQUIRED: dict[str, type | tuple[type, ...]] = {
     "schema": str,
@@ -214,6 +224,13 @@ def normalize(rec: dict, where: Where | str) -> dict:
         for key, (dtype, rank) in TEACHER_FIELDS.items():
             if key in block:
                 _as_array(block, key, dtype, rank, where, f"teachers.{name}.")
+        text = block.get("text")
+        if text is not None:
+            if not isinstance(text, dict):
+                raise RecordError(f"{where}: field 'teachers.{name}.text' must be an object")
+            for key, (dtype, rank) in (TEXT_TEACHER_FIELDS | TEXT_CHUNK_FIELDS).items():
+                if key in text:
+                    _as_array(text, key, dtype, rank, where, f"teachers.{name}.text.")
     shift = rec.get("shift")
     if isinstance(shift, dict):
         for key, (dtype, rank) in SHIFT_FIELDS.items():
@@ -255,11 +272,35 @@ def validate(rec: Any, where: Where | str) -> dict:
         for key in TEACHER_FIELDS:
             if key in block:
                 _check_len(block[key], n, f"teachers.{name}.{key}", where)
+        if block.get("text") is not None:
+            _check_text(block["text"], n, f"teachers.{name}.text", where)
     if isinstance(rec.get("shift"), dict):
         for key in SHIFT_FIELDS:
             if key in rec["shift"]:
                 _check_len(rec["shift"][key], n, f"shift.{key}", where)
     return rec
+
+
+def _check_text(text: dict, n: int, name: str, where: Where | str) -> None:
+    """teachers.NAME.text: arrays of the teacher's tokens have len(ids) rows, chunk arrays one per chunk, and
+    the chunk ends increase strictly within response_ids and the teacher's ids."""
+    missing = [k for k in ("ids", "logprobs", "student_end", "teacher_end", "char_end", "chunk_logprobs")
+               if k not in text]
+    if missing:
+        raise RecordError(f"{where}: field '{name}' has no '{missing[0]}' (was it written by opd-score?)")
+    U, C = len(text["ids"]), len(text["student_end"])
+    for key in TEXT_TEACHER_FIELDS:
+        if key in text and len(text[key]) != U and not (key == "logprobs" and U == 0):
+            raise RecordError(f"{where}: field '{name}.{key}' has {len(text[key])} entries but {name}.ids has {U} "
+                              "(they are aligned to the teacher's tokens)")
+    for key in TEXT_CHUNK_FIELDS:
+        if len(text[key]) != C:
+            raise RecordError(f"{where}: field '{name}.{key}' has {len(text[key])} entries but {name}.student_end "
+                              f"has {C} (one per chunk)")
+    for key, limit in (("student_end", n), ("teacher_end", U)):
+        ends = np.asarray(text[key], np.int64)
+        if C and (ends[0] < 1 or np.any(np.diff(ends) < 1) or ends[-1] > limit):
+            raise RecordError(f"{where}: field '{name}.{key}' must increase strictly from >= 1 to <= {limit}")
 
 
 def make_id(prompt_id: str, sample: int) -> str:

@@ -34,6 +34,10 @@ class ScoreConfig:
                              multiple=True)
     topk: int = opt(0, "Also write each teacher's own top-K ids and log-probs per position.")
     at_student_topk: bool = opt(False, "Score teachers at the record's topk_ids (the student's top-k) instead.")
+    align: str = opt("auto", "How a teacher's scores line up with the student's tokens: auto (token ids when its "
+                     "tokenizer is the student's, else the response text in chunks where both tokenizations "
+                     "agree: teachers.NAME.text), ids (refuse another tokenizer) or text (always chunks).",
+                     choices=("auto", "ids", "text"))
     teacher_prompt: str = opt("as-is", "as-is (the record's prompt_ids) or a template (bundled name or file).")
     teacher_thinking: str = opt("on", "enable_thinking for the teacher's chat template (with a template).",
                                 choices=("on", "off"))

@@ -1,5 +1,6 @@
-"""The Scorer: loads the teachers (checked to share the student's vocabulary), the shift pair and the grader,
-and scores one window of records in place. run.py drives it in this process, parallel.py in worker processes."""
+"""The Scorer: loads the teachers (a teacher with another tokenizer scores the response text: cross.py), the
+shift pair (checked to share the student's vocabulary) and the grader, and scores one window of records in
+place. run.py drives it in this process, parallel.py in worker processes."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def vocab_fingerprint(tokenizer) -> dict[str, int]:
     return tokenizer.get_vocab()
 
 
-def check_same_vocab(student_name: str, student, teacher_flag: str, teacher) -> None:
-    """Refuse a teacher whose token ids do not mean the student's strings (ids cross tools as-is)."""
+def check_same_vocab(student_name: str, student, teacher_flag: str, teacher, fix: str) -> None:
+    """Refuse a model whose token ids do not mean the student's strings (ids cross tools as-is)."""
     s_vocab, t_vocab = vocab_fingerprint(student), vocab_fingerprint(teacher)
     if s_vocab == t_vocab:
         return
@@ -33,9 +34,12 @@ def check_same_vocab(student_name: str, student, teacher_flag: str, teacher) -> 
     differ = sum(1 for i in s_by_id.keys() | t_by_id.keys() if s_by_id.get(i) != t_by_id.get(i))
     raise ConfigError(
         f"{teacher_flag}: its tokenizer differs from the student's ({student_name}): {differ} token ids "
-        f"map to other strings or exist in only one of them (vocab sizes {len(s_vocab)} vs {len(t_vocab)}); "
-        "teachers must share the student's tokenizer because records carry token ids"
+        f"map to other strings or exist in only one of them (vocab sizes {len(s_vocab)} vs {len(t_vocab)}); {fix}"
     )
+
+
+ALIGN_IDS_FIX = "--align ids needs the student's tokenizer; --align auto scores such a teacher over text chunks"
+SHIFT_FIX = "the shift models must share the student's tokenizer because the shift is read at the student's ids"
 
 
 class Scorer:
@@ -46,6 +50,9 @@ class Scorer:
         self.template: Template | None = None if config.teacher_prompt == AS_IS else load(config.teacher_prompt)
         self.teachers: dict[str, Any] = {}
         self.tokenizers: dict[str, Any] = {}
+        self.aligners: dict[str, Any] = {}  # teacher name -> xtok.Aligner (a teacher scored over text)
+        self.align_counts: dict[str, Any] = {}  # teacher name -> cross.AlignCounts
+        self.student = None  # the student's tokenizer
         self.shift_models: tuple[Any, Any] | None = None
         self.grader = None
         self.opened = False
@@ -92,7 +99,13 @@ class Scorer:
         engines = {}
         for flag, model, revision, adapter in specs:
             engines[flag] = self._engine(model, revision, adapter, flag)
-            check_same_vocab(student_name, student, flag, self.tokenizers[flag])
+        self.student = student if specs else None
+        for t in cfg.teachers:
+            flag = f"--teacher {t.name}={t.model}"
+            self._pick_alignment(t.name, flag, student_name)
+        for side, m in zip(("post", "pre"), cfg.shift_pair or (), strict=False):
+            check_same_vocab(student_name, student, f"--shift {side}={m}", self.tokenizers[f"--shift {side}={m}"],
+                             SHIFT_FIX)
         self.teachers = {t.name: engines[f"--teacher {t.name}={t.model}"] for t in cfg.teachers}
         if cfg.shift_pair:
             self.shift_models = (engines[specs[-2][0]], engines[specs[-1][0]])
@@ -101,7 +114,30 @@ class Scorer:
 
             self.grader = Grader(workers=cfg.grade_workers).__enter__()
 
+    def _pick_alignment(self, name: str, flag: str, student_name: str) -> None:
+        """Token ids when the teacher's vocabulary is the student's (unless --align text), else text chunks."""
+        from opd_common.xtok import Aligner
+
+        from .cross import AlignCounts
+
+        cfg, tok = self.config, self.tokenizers[flag]
+        same = vocab_fingerprint(self.student) == vocab_fingerprint(tok)
+        if cfg.align == "ids" or (cfg.align == "auto" and same):
+            check_same_vocab(student_name, self.student, flag, tok, ALIGN_IDS_FIX)
+            return
+        if cfg.follow:
+            raise ConfigError(f"{flag} has another tokenizer than the student's ({student_name}) and --follow "
+                              f"{cfg.follow} gives teachers the student's adapters; drop --follow for this teacher")
+        if cfg.at_student_topk:
+            raise ConfigError(f"{flag} has another tokenizer than the student's ({student_name}): "
+                              "--at-student-topk reads the teacher at the student's ids; use --topk K instead")
+        self.aligners[name] = Aligner(self.student, tok, flag, same_vocab=same)
+        self.align_counts[name] = AlignCounts()
+
     def close(self) -> None:
+        for name, counts in self.align_counts.items():
+            if counts.records:  # a warning (shown under --quiet) when some records got no or partial signal
+                (log.warning if counts.refused or counts.partial else log.info)(counts.line(name))
         if self.grader is not None:
             self.grader.__exit__(None, None, None)
         for engine in list(self.teachers.values()) + list(self.shift_models or ()):
@@ -109,9 +145,17 @@ class Scorer:
 
     # ------------------------------------------------------------------ per window
 
-    def _context(self, rec: dict, where: Where, flag: str, cache: dict) -> np.ndarray:
-        if self.template is None:
+    def _context(self, rec: dict, where: Where, flag: str, cache: dict, text: bool = False) -> np.ndarray:
+        """The teacher's context ids; `text`: a teacher with another tokenizer reads the student's prompt as text."""
+        if self.template is None and not text:
             return rec["prompt_ids"]
+        if self.template is None:
+            from .cross import teacher_prompt_ids
+
+            key = (flag, rec["prompt_id"])
+            if key not in cache:
+                cache[key] = teacher_prompt_ids(rec, self.student, self.tokenizers[flag])
+            return cache[key]
         key = (flag, rec["prompt_id"])
         if key not in cache:
             from opd_common.models import render_chat
@@ -137,6 +181,9 @@ class Scorer:
         adapters = adapters_for(cfg.follow, window) if cfg.follow else None
         for t in cfg.teachers:
             flag = f"--teacher {t.name}={t.model}"
+            if t.name in self.aligners:
+                self._score_text(t, flag, window, cache)
+                continue
             seqs = []
             for rec, where in window:
                 at = self._student_topk(rec, where, None, "--at-student-topk") if cfg.at_student_topk else None
@@ -156,6 +203,20 @@ class Scorer:
             self._score_shift(window, cache)
         if self.grader is not None:
             self._score_rewards(window)
+
+    def _score_text(self, spec, flag: str, window, cache: dict) -> None:
+        """A teacher with another tokenizer: align, score its own tokens of the text, write teachers.NAME.text."""
+        from .cross import score_text, text_block, text_sequences
+
+        other = not self.aligners[spec.name].same_vocab
+        contexts = [self._context(rec, where, flag, cache, text=other) for rec, where in window]
+        aligns, seqs = text_sequences(self.aligners[spec.name], window, contexts, self.align_counts[spec.name])
+        scores = score_text(self.teachers[spec.name], aligns, seqs, self.config.topk)
+        for (rec, _), al, sc in zip(window, aligns, scores, strict=True):
+            block = {"model": spec.model, "revision": spec.revision, "adapter": spec.adapter,
+                     "prompt": AS_IS if self.template is None else self.template.name,
+                     "text": text_block(al, sc, self.config.topk)}
+            rec.setdefault("teachers", {})[spec.name] = block
 
     def _teacher_block(self, spec, adapter: str | None, scores, rec: dict) -> dict:
         block = {"model": spec.model, "revision": spec.revision, "adapter": adapter,

@@ -52,7 +52,11 @@ def rkl_advantages(teacher_logp_T: torch.Tensor, behaviour_logp_T: torch.Tensor,
     r_t = log p_T(y_t) - log p_S_old(y_t)  (minus the sampled-token reverse KL), and
     A_t = sum_{s >= t} discount^(s - t) r_s  (A_t = r_t when discount = 0).
     """
-    r_T = teacher_logp_T.double() - behaviour_logp_T.double()
+    return _discounted(teacher_logp_T.double() - behaviour_logp_T.double(), discount)
+
+
+def _discounted(r_T: torch.Tensor, discount: float) -> torch.Tensor:
+    """A_t = sum_{s >= t} discount^(s - t) r_s of float64 rewards, as float32 (A = r when discount = 0)."""
     if discount == 0.0:
         return r_T.float()
     out = torch.empty_like(r_T)
@@ -62,6 +66,44 @@ def rkl_advantages(teacher_logp_T: torch.Tensor, behaviour_logp_T: torch.Tensor,
         running = values[t] + discount * running
         out[t] = running
     return out.float()
+
+
+def chunk_advantages(chunk_teacher_logp_C: torch.Tensor, behaviour_logp_T: torch.Tensor, student_end_C: torch.Tensor,
+                     discount: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """rkl's advantages over aligned chunks (a teacher with another tokenizer; docs/losses.md, Aligned chunks).
+
+    Chunk c covers student tokens [e_{c-1}, e_c) (e = student_end_C, e_{-1} = 0), n_c of them:
+    r_c = log p_T(c) - sum_{t in c} log p_S_old(y_t), spread evenly, r_t = r_c / n_c for t in c, and r_t = 0
+    for tokens in no chunk; A_t = sum_{s >= t} discount^(s - t) r_s. Returns (A_T, the per-token teacher share
+    log p_S_old(y_t) + r_t, which the reverse_kl metric reads). One-token chunks give rkl_advantages exactly.
+    """
+    b_T = behaviour_logp_T.double()
+    r_T = torch.zeros_like(b_T)
+    ends = student_end_C.long()
+    if len(ends):
+        starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+        n_C = ends - starts
+        chunk_of = torch.repeat_interleave(torch.arange(len(ends)), n_C)
+        b_C = torch.zeros(len(ends), dtype=torch.float64).index_add_(0, chunk_of, b_T[:int(ends[-1])])
+        r_C = chunk_teacher_logp_C.double() - b_C
+        r_T[:int(ends[-1])] = (r_C / n_C.double())[chunk_of]
+    return _discounted(r_T, discount), (b_T + r_T).float()
+
+
+def uld(logits_NV: torch.Tensor, teacher_probs_NK: torch.Tensor, weight_N: torch.Tensor,
+        num_tokens: int) -> LossOutput:
+    """Vocabulary-free top-k distillation (ULD-style), for a teacher with another vocabulary.
+
+    At each position with weight w_t (1 where an aligned chunk starts: both models predict what follows the
+    same text), the distance between the sorted top-k probability vectors:
+    d_t = sum_{i <= k} | p_S^(i) - p_T^(i) |,  p^(i) the i-th largest probability (teacher: from the record,
+    sorted); loss = sum_t w_t d_t / #tokens. Zero when the sorted top-k probabilities agree. Metric: uld.
+    """
+    k = teacher_probs_NK.shape[-1]
+    top_NK = torch.topk(torch.softmax(logits_NV.float(), dim=-1), k, dim=-1).values
+    d_N = (top_NK - teacher_probs_NK.float()).abs().sum(-1)
+    loss = (weight_N.float() * d_N).sum() / num_tokens
+    return LossOutput(loss, {"uld": loss.detach(), "uld_positions": weight_N.float().sum() / num_tokens})
 
 
 def rkl(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor, advantage_N: torch.Tensor,

@@ -132,8 +132,45 @@ def _build_rkl(obj, ex, rec, where, config, render) -> None:
     from .losses import rkl_advantages
 
     _, block = teacher_block(rec, where, config)
+    if block.get("text") is not None:  # a teacher with another tokenizer: advantages over aligned chunks
+        _build_rkl_chunks(ex, rec, block["text"], config)
+        return
     adv = rkl_advantages(torch.tensor(_f32(block["logprobs"])), torch.tensor(_f32(rec["logprobs"])), config.discount)
     ex.tokens.update(behaviour_logp=_f32(rec["logprobs"]), advantage=adv.numpy(), teacher_logp=_f32(block["logprobs"]))
+
+
+def _build_rkl_chunks(ex, rec, text: dict, config) -> None:
+    import torch
+
+    from .losses import chunk_advantages
+
+    behaviour = _f32(rec["logprobs"])
+    adv, share = chunk_advantages(torch.tensor(_f32(text["chunk_logprobs"])), torch.tensor(behaviour),
+                                  torch.tensor(_i64(text["student_end"])), config.discount)
+    ex.tokens.update(behaviour_logp=behaviour, advantage=adv.numpy(), teacher_logp=share.numpy())
+
+
+def _build_uld(obj, ex, rec, where, config, render) -> None:
+    """teacher_probs [T, k]: the teacher's sorted top-k probabilities where a chunk starts (text block) or at
+    every token (a teacher with the student's tokenizer); uld_weight [T]: 1 there, else 0."""
+    import numpy as np
+
+    name, block = teacher_block(rec, where, config)
+    text = block.get("text")
+    src = block if text is None else text
+    if src.get("topk_logprobs") is None:
+        raise _missing(where, f"teachers.{name} has no {'' if text is None else 'text.'}topk_logprobs", config,
+                       obj.hint)
+    top = np.exp(_f32(src["topk_logprobs"]))
+    T = len(rec["response_ids"])
+    if text is None:
+        ex.tokens.update(teacher_probs=top, uld_weight=np.ones(T, np.float32))
+        return
+    probs, weight = np.zeros((T, top.shape[1]), np.float32), np.zeros(T, np.float32)
+    s_end, t_end = _i64(text["student_end"]), _i64(text["teacher_end"])
+    s_start, t_start = np.concatenate([[0], s_end[:-1]])[:len(s_end)], np.concatenate([[0], t_end[:-1]])[:len(t_end)]
+    probs[s_start], weight[s_start] = top[t_start], 1.0
+    ex.tokens.update(teacher_probs=probs, uld_weight=weight)
 
 
 def _build_fkl(obj, ex, rec, where, config, render) -> None:
@@ -195,4 +232,8 @@ OBJECTIVES: dict[str, Objective] = {obj.name: obj for obj in [
               reference=lambda c: True, adaptive_beta=True),
     Objective("grpo", **_RL, defaults=(("clip_high", lambda c: c.clip_low), ("dynamic_sampling", lambda c: False))),
     Objective("dapo", **_RL, defaults=(("clip_high", lambda c: 0.28), ("dynamic_sampling", lambda c: True))),
+    Objective("uld", reads=("teachers.NAME.text.topk_logprobs", "teachers.NAME.text.student_end",
+                            "teachers.NAME.text.teacher_end"), build=_build_uld,
+              hint="score with opd-score --teacher NAME=MODEL --topk K",
+              call=Call("uld", ("teacher_probs", "uld_weight", "num_tokens"))),
 ]}
