@@ -47,6 +47,9 @@ Tokens
 Added by opd-score (named blocks; several may stack)
   teachers.NAME  dict  {model, revision, adapter, prompt ("as-is" | template name),
                        logprobs float[T], topk_ids int[T][k], topk_logprobs float[T][k]}
+  teachers.NAME.text  dict  a teacher with another tokenizer, instead of logprobs/topk_*: {format "opd-text/1",
+                       status, text, ids int[U], logprobs float[U], topk_* [U][k], student_end int[C],
+                       teacher_end int[C], char_end int[C], chunk_logprobs float[C]} (docs/records.md)
   shift          dict  {post, pre, k, ids int[T][k], delta float[T][k]} with
                        delta = log pi_post(id) - log pi_pre(id) at the student's top-k ids
   reward         dict  {correct, format_ok, stop_ok, length_penalty, total, scale, verifier, extracted, reason}
