@@ -5,7 +5,7 @@
     python scripts/import_graph.py --modules  # every module -> module edge inside opd
     python scripts/import_graph.py --check    # exit 1 when a rule is broken
 
-Rules: a tool package (opd_rollout, opd_score, opd_train, opd_eval, opd_publish) imports opd_common and
+Rules: a tool package (opd_rollout, opd_score, opd_train, opd_eval, opd_publish, opd_check) imports opd_common and
 nothing of another tool; opd_common imports no tool; no two modules import each other, directly or
 around a longer circle. Every import counts, also those inside functions (where opd puts its heavy
 ones), since a circle through a function-level import is still a circle a reader has to hold in mind.

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-BUILT = ["opd-rollout", "opd-score", "opd-train", "opd-eval", "opd-cat", "opd-publish"]
+BUILT = ["opd-rollout", "opd-score", "opd-train", "opd-eval", "opd-cat", "opd-publish", "opd-check"]
 
 
 def _script(name: str) -> str:

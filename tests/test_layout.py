@@ -18,7 +18,7 @@ def test_tools_import_only_opd_common_and_nothing_is_circular():
 
 def test_every_tool_depends_on_opd_common_only():
     edges = import_graph.package_edges(import_graph.graph())
-    assert set(edges) == {"opd_rollout", "opd_score", "opd_train", "opd_eval", "opd_publish"}
+    assert set(edges) == {"opd_rollout", "opd_score", "opd_train", "opd_eval", "opd_publish", "opd_check"}
     assert all(targets == {"opd_common"} for targets in edges.values()), edges
 
 

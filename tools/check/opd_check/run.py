@@ -1,0 +1,191 @@
+"""run(config, inputs): sample a few prompts through the real engine, then run each check (checks.py,
+checks_train.py) and print one line per check; 1 when any check fails."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from opd_common.errors import OpdError
+
+from .report import Result, as_json, text
+
+log = logging.getLogger("opd-check")
+
+
+class Context:
+    """What the checks share, each piece made once when first asked for: tokenizers, the samples, forwards."""
+
+    def __init__(self, config, inputs: list[str], work: Path):
+        self.config, self.inputs, self.work = config, inputs, work
+        self._tokenizers: dict = {}
+        self._samples: list[dict] | None = None
+        self._forwards: dict = {}
+        self._logits: dict = {}
+
+    # ------------------------------------------------------------------ tokenizers and prompts
+
+    def tokenizer(self, model: str, revision: str | None = None):
+        from opd_common.models import load_tokenizer
+
+        if (model, revision) not in self._tokenizers:
+            self._tokenizers[model, revision] = load_tokenizer(model, revision)
+        return self._tokenizers[model, revision]
+
+    def student_tokenizer(self):
+        return self.tokenizer(self.config.model, self.config.revision)
+
+    def teacher_sides(self) -> list[tuple[str, str, str | None, str | None]]:
+        """(label, model, revision, adapter) of every --teacher and --shift side."""
+        cfg = self.config
+        sides = [(f"--teacher {t.name}={t.model}", t.model, t.revision, t.adapter) for t in cfg.teachers]
+        if cfg.shift_pair:
+            sides += [(f"--shift {side}={m}", m, None, None) for side, m in zip(("post", "pre"), cfg.shift_pair,
+                                                                               strict=True)]
+        return sides
+
+    def teacher_contexts(self, rec: dict):
+        """(label, context ids, tokenizer, thinking) of each teacher for one record, built as opd-score
+        (--teacher-prompt) and opd-train (--self-teacher) build them."""
+        from opd_common.models import render_chat
+        from opd_common.prompts import AS_IS, load
+
+        cfg = self.config
+        for label, model, revision, _ in self.teacher_sides():
+            tokenizer = self.tokenizer(model, revision)
+            if cfg.teacher_prompt == AS_IS:
+                yield label, rec["prompt_ids"], tokenizer, cfg.thinking
+            else:
+                message = load(cfg.teacher_prompt).render(rec["example"], rec["id"])
+                yield label, render_chat(tokenizer, message, cfg.teacher_thinking == "on"), tokenizer, \
+                    cfg.teacher_thinking
+        if cfg.self_teacher:
+            message = load(cfg.self_teacher).render(rec["example"], rec["id"])
+            yield (f"--self-teacher {cfg.self_teacher}", render_chat(self.student_tokenizer(), message,
+                   cfg.self_teacher_thinking == "on"), self.student_tokenizer(), cfg.self_teacher_thinking)
+
+    def default_template(self) -> str:
+        from opd_common.prompts import DEFAULT_TEMPLATE
+
+        return DEFAULT_TEMPLATE
+
+    # ------------------------------------------------------------------ samples
+
+    def samples(self) -> list[dict]:
+        from .stages import sample
+
+        if self._samples is None:
+            log.info("sampling %d prompts x %d with the %s engine", self.config.limit, self.config.n,
+                     self.config.engine)
+            self._samples = sample(self.config, self.inputs, self.work)
+            if not self._samples:
+                raise OpdError("opd-rollout wrote no sample: are the inputs empty?")
+        return self._samples
+
+    def engine_name(self) -> str:
+        return self.samples()[0]["sampling"]["engine"]
+
+    def dtype_name(self) -> str:
+        from opd_common.models import pick_device, pick_dtype
+
+        dtype = pick_dtype(self.config.dtype, pick_device(self.config.device), self.config.model)
+        return str(dtype).removeprefix("torch.")
+
+    # ------------------------------------------------------------------ forwards
+
+    def _forward(self, key: str, model: str, revision: str | None, adapter: str | None, merge: bool = False):
+        from .forward import Forward
+
+        if key not in self._forwards:
+            self._forwards[key] = Forward(model, revision, adapter, self.config.dtype, self.config.device, merge)
+        return self._forwards[key]
+
+    def _cached_logits(self, key: str, forward, context_ids, rec: dict):
+        if (key, rec["id"]) not in self._logits:
+            self._logits[key, rec["id"]] = forward.logits(context_ids, rec["response_ids"]).cpu()
+        return self._logits[key, rec["id"]]
+
+    def trainer_logits(self, rec: dict):
+        """The logits opd-train's student computes for the record: base + --adapter, unmerged."""
+        cfg = self.config
+        fwd = self._forward("trainer", cfg.model, cfg.revision, cfg.adapter)
+        return self._cached_logits("trainer", fwd, rec["prompt_ids"], rec)
+
+    def base_logits(self, rec: dict):
+        if not self.config.adapter:
+            return self.trainer_logits(rec)
+        fwd = self._forward("base", self.config.model, self.config.revision, None)
+        return self._cached_logits("base", fwd, rec["prompt_ids"], rec)
+
+    def teacher_logits(self, spec, rec: dict):
+        label = f"--teacher {spec.name}={spec.model}"
+        context = next(c for lbl, c, _, _ in self.teacher_contexts(rec) if lbl == label)
+        fwd = self._forward(label, spec.model, spec.revision, spec.adapter, merge=True)
+        return self._cached_logits(label, fwd, context, rec)
+
+    def trainer_logprobs(self, rec: dict):
+        return _chosen(self.trainer_logits(rec), rec["response_ids"])
+
+    def base_logprobs(self, rec: dict):
+        return _chosen(self.base_logits(rec), rec["response_ids"])
+
+
+def _chosen(logits_TV, response_ids):
+    import numpy as np
+    import torch
+
+    idx = torch.from_numpy(np.asarray(response_ids, np.int64))
+    return torch.log_softmax(logits_TV, -1).gather(-1, idx[:, None])[:, 0].numpy()
+
+
+def checks():
+    from .checks import check_adapter, check_logprobs, check_rendering, check_tokenizers
+    from .checks_train import check_self, check_stops, check_topk
+
+    return [("tokenizers", check_tokenizers, False), ("rendering", check_rendering, True),
+            ("logprobs", check_logprobs, True), ("adapter", check_adapter, True), ("self", check_self, True),
+            ("topk", check_topk, True), ("stops", check_stops, True)]
+
+
+def run(config, inputs: list[str]) -> int:
+    """Run every check; print them (stdout); 1 if any failed."""
+    from opd_common.prompts import resolve_prompt_specs
+
+    inputs = resolve_prompt_specs(inputs)
+    work = Path(config.keep) if config.keep else Path(tempfile.mkdtemp(prefix="opd-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctx = Context(config, inputs, work)
+    results: list[Result] = []
+    no_samples = None
+    try:
+        for name, check, needs_samples in checks():
+            if needs_samples and no_samples:
+                results.append(Result(name, "SKIP", f"no samples ({no_samples})"))
+                continue
+            if needs_samples and ctx._samples is None:
+                try:
+                    ctx.samples()
+                except OpdError as exc:
+                    no_samples = "opd-rollout failed"
+                    results.append(Result("rollout", "FAIL", str(exc), "run the same opd-rollout command alone"))
+                    results.append(Result(name, "SKIP", f"no samples ({no_samples})"))
+                    continue
+            log.info("check %s", name)
+            try:
+                results.append(check(ctx))
+            except OpdError as exc:
+                results.append(Result(name, "FAIL", str(exc)))
+    finally:
+        if not config.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if config.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(as_json(results), option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    else:
+        sys.stdout.write(text(results) + "\n")
+    sys.stdout.flush()
+    return 1 if any(r.status == "FAIL" for r in results) else 0
