@@ -116,7 +116,8 @@ def command(loop: str, engine: str, lag: int, model: Path, run_dir: Path, args) 
         t.append("--compile")
     q = shlex.quote
     if loop == "opsd":
-        return (f"{ROOT}/recipes/opsd.sh --bin {bin_dir} --model {model} --out {run_dir} --steps {args.steps} "
+        return (f"{ROOT}/recipes/opsd.sh --no-check --bin {bin_dir} --model {model} --out {run_dir} "
+                f"--steps {args.steps} "
                 f"--groups {prompts} --group-size {n} --max-tokens {tokens} --engine {engine} --max-lag {lag} "
                 f"--extra-rollout {q(' '.join(r[3:]))} --extra-train {q(' '.join(t))}")
     rollout = (f"{bin_dir}/opd-rollout --model {model} --follow {run_dir} --max-lag {lag} --batch-prompts {prompts} "
@@ -162,7 +163,7 @@ def analyse(spans: list[dict], metrics: list[dict], warmup: int, model_shape: di
             split[label] = round(union(chosen, lo, hi) / count, 3)
     rows = [m for m in metrics if m["step"] in measured]
     ratios = [m["ratio"] for m in rows if "ratio" in m]
-    out = {"steps_measured": count, "completion_tokens": tokens, "wall_s": round(wall, 2),
+    out = {"steps_measured": count, "completion_tokens": tokens, "wall_s": round(wall, 3),
            "completion_tokens_per_s": round(tokens / wall, 1), "seconds_per_step": round(wall / count, 3),
            "split_seconds_per_step": split,
            "trainer_step_tokens_per_s": round(statistics.median(m["tokens_per_s"] for m in rows), 1)}
