@@ -10,6 +10,8 @@
 #   --extra-rollout "FLAGS"  --extra-score "FLAGS"  --extra-train "FLAGS"   (word-split, appended)
 #   --gen-factor F  --overlong-buffer B   (dapo only)
 #   --bin DIR   where the opd-* executables are (default: on PATH)
+#   --no-check  skip the preflight: each recipe first runs opd-check with its own flags on 2 prompts
+#               (docs/check.md; its report goes to stderr, a FAIL stops the recipe)
 #   -h|--help
 
 opd_usage() {  # the recipe's comment header
@@ -21,6 +23,7 @@ opd_parse() {
     while [ $# -gt 0 ]; do
         case "$1" in
             -h|--help) opd_usage; exit 0 ;;
+            --no-check) NO_CHECK=1; shift ;;
             --model|--teacher|--post|--pre|--out|--steps|--data|--group-size|--groups|--max-tokens|--max-lag|--save-every|--engine|--lr|--lora-r|--lora-alpha|--extra-rollout|--extra-score|--extra-train|--bin|--gen-factor|--overlong-buffer)
                 [ $# -ge 2 ] || { echo "Error: $1 needs a value" >&2; exit 2; }
                 local name=${1#--}; name=${name//-/_}; name=${name^^}
@@ -45,4 +48,13 @@ opd_parse() {
 opd_words() {
     local -n _arr=$1
     read -r -a _arr <<< "$2" || true
+}
+
+# opd_check_first FLAGS...: the preflight (opd-check) with the recipe's model, engine, data, group size and
+# --max-tokens plus FLAGS (the recipe's sampling and objective flags), on 2 prompts; unless --no-check.
+opd_check_first() {
+    [ "${NO_CHECK:-0}" = 1 ] && return 0
+    "${BIN}opd-check" --model "$MODEL" --engine "$ENGINE" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --limit 2 \
+        --quiet "$@" "$DATA" >&2 \
+        || { echo "Error: opd-check found a mismatch (above); fix it, or skip the preflight with --no-check" >&2; exit 1; }
 }

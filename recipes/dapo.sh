@@ -42,6 +42,7 @@
 #     context is split as 7168 response + 1024 prompt tokens, with the overlong buffer 1024 (DAPO used
 #     4096 of 20480; the same fifth, rounded).
 #
+# First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --engine auto|vllm|hf, --extra-rollout/--extra-score/--extra-train
 # "FLAGS", --bin DIR. stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
 set -euo pipefail
@@ -54,6 +55,7 @@ opd_parse "$@"
     || { echo "Error: --overlong-buffer must be an integer below --max-tokens ($MAX_TOKENS), got '$OVERLONG_BUFFER'" >&2; exit 2; }
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA_TRAIN"
 MODEL_LEN=$(( MAX_TOKENS + 1024 > 8192 ? MAX_TOKENS + 1024 : 8192 ))
+opd_check_first --max-model-len "$MODEL_LEN" --temperature 1.0 --thinking off --grader integer --loss dapo --kl-coef 0.01
 
 "${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts $(( GEN_FACTOR * NGROUPS )) -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" \

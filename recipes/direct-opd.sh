@@ -35,6 +35,7 @@
 #     template is applied once by the rollout (--thinking off: Qwen2.5 has no thinking mode, the flag is
 #     ignored by its template).
 #
+# First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --engine auto|vllm|hf (the rollout; opd-score's shift always
 # runs on its exact hf engine), --extra-rollout/--extra-score/--extra-train "FLAGS", --bin DIR.
 # stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
@@ -46,6 +47,7 @@ MAX_LAG=0; MAX_TOKENS=3328; ENGINE=auto; LR=1e-6; LORA_R=64; LORA_ALPHA=128; OUT
 opd_parse "$@"
 : "${POST:?--post MODEL is required}"; : "${PRE:?--pre MODEL is required}"
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA_TRAIN"
+opd_check_first --temperature 1.0 --thinking off --shift "post=$POST,pre=$PRE" --shift-k 16 --loss shift
 
 "${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --temperature 1.0 \

@@ -24,6 +24,7 @@
 #     the earlier sequential lag-1 loop made 5,088 tokens/s against 3,337 at lag 0 (issue 15's table;
 #     this recipe's pipelined figure is not measured yet). --max-lag 0 is fully on-policy (ratio 1).
 #
+# First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --data (train-math), --engine auto|vllm|hf (the rollout; the
 # teacher runs on opd-score's exact hf engine), --extra-rollout/--extra-score/--extra-train "FLAGS",
 # --bin DIR. stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
@@ -35,6 +36,7 @@ ENGINE=auto; LR=1e-4; LORA_R=16; LORA_ALPHA=32; OUT=; POST=; PRE=
 opd_parse "$@"
 : "${TEACHER:?--teacher MODEL is required}"
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XS "$EXTRA_SCORE"; opd_words XT "$EXTRA_TRAIN"
+opd_check_first --teacher "t=$TEACHER" --loss rkl
 
 "${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" --quiet "${XR[@]}" "$DATA" \

@@ -36,6 +36,7 @@
 #   - Each step's adapter reaches the rollout through opd-train --share-policy (OUT/policy/, no
 #     optimizer state, no fsync); checkpoints for --resume come every --save-every steps (default 10).
 #
+# First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --engine auto|vllm|hf, --extra-rollout/--extra-score/--extra-train
 # "FLAGS" (appended to that stage; --extra-score is unused here), --bin DIR (where opd-* live).
 # stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
@@ -46,6 +47,8 @@ ENGINE=auto; LR=5e-6; LORA_R=64; LORA_ALPHA=128; OUT=; TEACHER=; POST=; PRE=
 . "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 opd_parse "$@"
 opd_words XR "$EXTRA_ROLLOUT"; opd_words XT "$EXTRA_TRAIN"
+opd_check_first --temperature 1.1 --top-p 0.95 --top-k 20 --thinking off --loss fkl --self-teacher opsd \
+    --self-teacher-thinking on --kl-clip 0.05 --loss-temperature 1.1
 
 "${BIN}opd-rollout" --model "$MODEL" --engine "$ENGINE" --follow "$OUT" --max-lag "$MAX_LAG" \
     --batch-prompts "$NGROUPS" -n "$GROUP_SIZE" --max-tokens "$MAX_TOKENS" \

@@ -67,12 +67,12 @@ def test_direct_opd_takes_the_seeds_parquet(tiny_model, tiny_teacher, tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), data)
     out = tmp_path / "run"
     done = run_recipe("direct-opd", out, "--model", str(tiny_model), "--post", str(tiny_teacher),
-                      "--pre", str(tiny_model), "--group-size", "2", "--data", str(data))
+                      "--pre", str(tiny_model), "--group-size", "2", "--data", str(data), "--no-check")
     check_run(done, out, ["weighted_shift", "k3"])
     rows[0]["prompt"] = [{"role": "system", "content": "no user turn"}]  # proof the recipe reads this file
     pq.write_table(pa.Table.from_pylist(rows), data)
     done = run_recipe("direct-opd", tmp_path / "run2", "--model", str(tiny_model), "--post", str(tiny_teacher),
-                      "--pre", str(tiny_model), "--group-size", "2", "--data", str(data))
+                      "--pre", str(tiny_model), "--group-size", "2", "--data", str(data), "--no-check")
     assert done.returncode != 0
     assert ("Error: row 1 of opd_train.parquet: the conversation in 'prompt' has no user turn (roles: system)"
             in done.stderr), done.stderr[-2000:]
@@ -83,7 +83,7 @@ def test_dapo(tiny_model, tmp_path):
     them all (and the --follow loop would wait for input forever); the test turns it off."""
     out = tmp_path / "run"
     rows = check_run(run_recipe("dapo", out, "--model", str(tiny_model), "--group-size", "2", "--gen-factor", "2",
-                                "--overlong-buffer", "4", "--extra-train", "--no-dynamic-sampling"),
+                                "--overlong-buffer", "4", "--extra-train", "--no-dynamic-sampling", "--no-check"),
                      out, ["pg", "k3", "clip_frac", "records_stale"])
     config = json.loads((out / "config.json").read_text())["config"]
     assert config["kl_coef"] == 0.01 and config["loss"] == "dapo"
@@ -93,10 +93,24 @@ def test_dapo(tiny_model, tmp_path):
 
 def test_opd(tiny_model, tiny_teacher, tmp_path):
     out = tmp_path / "run"
-    rows = check_run(run_recipe("opd", out, "--model", str(tiny_model), "--teacher", str(tiny_teacher),
-                                "--group-size", "2"),
-                     out, ["reverse_kl", "advantage", "ratio"])
+    done = run_recipe("opd", out, "--model", str(tiny_model), "--teacher", str(tiny_teacher), "--group-size", "2")
+    rows = check_run(done, out, ["reverse_kl", "advantage", "ratio"])
     assert all(r["ratio"] == pytest.approx(1.0, abs=1e-3) for r in rows)
+    assert f"PASS  tokenizers --teacher t={tiny_teacher}: same 2048 ids" in done.stderr  # the preflight ran first
+    assert "opd-check: " in done.stderr and " 0 fail, " in done.stderr
+
+
+def test_a_failing_preflight_stops_the_recipe_before_any_training(tiny_model, tmp_path):
+    from opd_common.tiny import build_tiny
+
+    other = build_tiny(tmp_path / "digits", seed=1, split_digits=True)  # another vocabulary
+    out = tmp_path / "run"
+    done = run_recipe("opd", out, "--model", str(tiny_model), "--teacher", str(other), "--group-size", "2")
+    assert done.returncode == 1 and done.stdout == ""
+    assert f"FAIL  tokenizers --teacher t={other}: vocab 2048 vs 2048, first id read differently" in done.stderr
+    assert done.stderr.rstrip().endswith("Error: opd-check found a mismatch (above); fix it, or skip the preflight "
+                                         "with --no-check")
+    assert not out.exists()  # no trainer ran
 
 
 @pytest.mark.parametrize("name,missing", [("opd", "--teacher"), ("direct-opd", "--post")])
