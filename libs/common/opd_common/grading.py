@@ -1,6 +1,7 @@
 """Math answer grading shared by ``opd-score --reward math`` and ``opd-eval`` (docs/grading.md).
 
-Pipeline for one (response text, gold answer) pair, following the OPSD evaluator:
+Pipeline for one (response text, gold answer) pair, following the OPSD evaluator (reading answers:
+opd_common.answers; opd's rules beyond math-verify: opd_common.answer_rules):
 
 1. extract the answer: the last ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces (with the
    boxes listed right before it: '$\\boxed{1}$ and $\\boxed{-2}$' is '1, -2'), else the last
@@ -20,16 +21,31 @@ enforces an overall per-item timeout from the parent (a stuck worker is killed, 
 from __future__ import annotations
 
 import importlib.util
-import math
 import multiprocessing as mp
 import os
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 
+from opd_common.answer_rules import beyond_math_verify, decimal_comma
+from opd_common.answers import (
+    as_latex,
+    extract_answer,
+    extract_boxed,
+    extract_boxes,
+    gold_answer,
+    has_value,
+    normalize_answer,
+    parse_latex,
+    to_integer,
+    verify_latex,
+)
 from opd_common.errors import ConfigError, OpdError, RecordError, require
+
+# Reading answers lives in opd_common.answers, opd's own rules in opd_common.answer_rules; the grader's
+# callers import what they need from here.
+__all__ = ["MODES", "REASONS", "Grade", "Grader", "extract_answer", "extract_boxed", "extract_boxes", "gold_answer",
+           "grade_one", "normalize_answer", "overlong_penalty", "reward", "to_integer"]
 
 MODES = ("math", "integer")
 REASONS = ("match", "no-answer", "parse-failure", "mismatch", "timeout")
@@ -47,381 +63,6 @@ class Grade:
     correct: bool
     extracted: str | None
     reason: str
-
-
-# ---------------------------------------------------------------------------------- extraction
-
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_ANSWER_LINE = re.compile(r"^[ \t*_#>]*(?:final\s+)?answer\s*[*_]*\s*[:：]\s*[*_]*(.*?)[*_\s]*$",
-                          re.IGNORECASE | re.MULTILINE)
-_MATH_DELIMS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
-
-
-def _group_end(text: str, start: int) -> int | None:
-    """The index of the '}' closing the brace group that opens at text[start] == '{', or None."""
-    depth, i = 0, start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":  # an escaped char (\{, \}, \\) never opens or closes a group
-            i += 2
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
-
-
-@dataclass
-class _Box:
-    start: int  # where '\boxed' begins
-    end: int  # just past its group (or shorthand token); len(text) if never closed
-    contents: str | None  # None: never closed (truncated)
-
-
-def _boxes(text: str) -> list[_Box]:
-    """Every ``\\boxed``/``\\fbox`` in `text`, in order: braced, ``\\boxed {x}`` or shorthand ``\\boxed 5``."""
-    found = []
-    for match in _BOX.finditer(text):
-        rest = text[match.end() :]
-        stripped = rest.lstrip()
-        at = match.end() + len(rest) - len(stripped)
-        if stripped.startswith("{"):
-            close = _group_end(text, at)
-            box = _Box(match.start(), len(text), None) if close is None else \
-                _Box(match.start(), close + 1, text[at + 1 : close])
-        elif rest[:1].isspace() and (token := re.match(r"[^\s$]+", stripped)):
-            box = _Box(match.start(), at + token.end(), token.group(0))
-        else:
-            box = _Box(match.start(), len(text), None)
-        found.append(box)
-    return found
-
-
-def extract_boxed(text: str) -> str | None:
-    """The contents of the last ``\\boxed{...}`` or ``\\fbox{...}`` in `text`, braces balanced.
-
-    Nested and escaped braces are handled, as are ``\\boxed {x}`` and the shorthand ``\\boxed x``.
-    If the last box is never closed (a response truncated mid-answer) the result is None, not an
-    earlier box: a truncated response has not committed to a final answer.
-    """
-    boxes = _boxes(text)
-    return boxes[-1].contents if boxes else None
-
-
-# What may stand between the boxes of one answer list: '$\boxed{1}$ and $\boxed{-2}$',
-# 'x = \boxed{1}, x = \boxed{-2}', '\boxed{(1,2)},\quad \boxed{(3,4)}', '\boxed{1} papers and \boxed{2}' (a unit
-# word, then 'and'). Other prose ('Wait, no:', '. Checking again,') ends the list.
-_LIST_GLUE = re.compile(r"(?:\s|\$|\\[()\[\]]|[,;&]|\\\\|\\q?quad\b|\\[,;:! ]|~|\b(?:and|or)\b"
-                        r"|\\(?:text|mathrm|textrm)\s*\{\s*(?:and|or|,)?\s*\}"
-                        r"|[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=|\b[A-Za-z]{2,12}\s+and\b)*", re.IGNORECASE)
-
-
-def extract_boxes(text: str) -> list[str] | None:
-    """The final answer's boxes: the last box and the boxes right before it that form one list with it
-    (only connectives such as ',', 'and', 'or', '$', '\\quad' or 'x =' between them), in order.
-
-    '$\\boxed{1}$ and $\\boxed{-2}$' gives ['1', '-2']; 'first \\boxed{41}, then corrected: \\boxed{42}'
-    gives ['42']. None when there is no box or the last box is never closed (truncated).
-    """
-    boxes = _boxes(text)
-    if not boxes or boxes[-1].contents is None:
-        return None
-    group = [boxes[-1]]
-    for prev in reversed(boxes[:-1]):
-        glue = text[prev.end : group[0].start]
-        if prev.contents is None or prev.end > group[0].start or len(glue) > 40 or not _LIST_GLUE.fullmatch(glue):
-            break
-        group.insert(0, prev)
-    return [box.contents for box in group]
-
-
-def _unwrap(answer: str) -> str:
-    """Strip whitespace and one pair of surrounding math delimiters ($...$, \\(...\\), ...)."""
-    answer = answer.strip()
-    for left, right in _MATH_DELIMS:
-        if len(answer) > len(left) + len(right) and answer.startswith(left) and answer.endswith(right):
-            return answer[len(left) : -len(right)].strip()
-    return answer
-
-
-def _join_boxes(contents: list[str]) -> str:
-    """One answer from a list of boxes: their contents, each once, joined by ', ' ('1, -2')."""
-    seen: dict[str, str] = {}
-    for item in (_unwrap(c) for c in contents):
-        seen.setdefault(normalize_answer(item), item)
-    return ", ".join(item for item in seen.values() if item)
-
-
-def extract_answer(text: str) -> tuple[str | None, str]:
-    """(answer, how): the final boxes ('boxed'), else the last ``Answer: ...`` line ('answer-line').
-
-    Several boxes that form one list ('$\\boxed{1}$ and $\\boxed{-2}$', see `extract_boxes`) are one
-    answer, '1, -2'. ``Final answer:``, ``**Answer:** 42`` and ``Answer: $42$`` count as answer lines.
-    An empty box or line is no answer: (None, 'none').
-    """
-    if _BOX.search(text):
-        contents = extract_boxes(text)
-        if contents is not None and contents[-1].strip():
-            return _join_boxes(contents), "boxed"
-        return None, "none"
-    lines = _ANSWER_LINE.findall(text)
-    if lines:
-        line = _unwrap(lines[-1])
-        inner = extract_boxed(line) if _BOX.search(line) else None
-        line = _unwrap(inner) if inner is not None else line
-        if line:
-            return line, "answer-line"
-    return None, "none"
-
-
-def gold_answer(gold: str) -> str:
-    """The gold answer to compare with: a gold that is a worked solution ending in a box (MATH's
-    ``solution`` field) is read like a response, by its final boxes; any other gold is used whole."""
-    if _BOX.search(gold):
-        answer, _how = extract_answer(gold)
-        if answer is not None:
-            return answer
-    return gold
-
-
-# ------------------------------------------------------------------------------- normalization
-
-_WRAPPERS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
-_UNITS = (r"(?:degrees?|deg|radians?|cm|mm|km|m|meters?|metres?|centimeters?|inch(?:es)?|in|feet|foot|ft"
-          r"|square\s+units|sq\s+units|units?|cents?|dollars?|hours?|hrs?|minutes?|mins?|seconds?|sec|s"
-          r"|mph|kg|g|grams?|lbs?|pounds?)")
-_TRAILING_UNIT = re.compile(rf"(?<=[\d}}])\s*{_UNITS}(?:\^\{{?[23]\}}?)?\s*$")
-
-
-def normalize_answer(answer: str) -> str:
-    """A canonical string for the fallback comparison (never used to decide 'wrong').
-
-    Drops ``$``, spaces, ``\\left``/``\\right``, ``\\!``-style spacing, ``\\text{...}``-style
-    wrappers (keeping their contents), degree signs, a trailing unit word after a number, a
-    trailing period and thousands separators in a number ('32,348' -> '32348');
-    ``\\dfrac``/``\\tfrac`` become ``\\frac`` and ``\\frac12`` becomes ``\\frac{1}{2}``.
-    """
-    s = _unwrap(answer)
-    s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
-    s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
-    s = re.sub(r"\^\s*\{?\\circ\}?|\\circ|\\degree|°", "", s)
-    while True:
-        unwrapped = _WRAPPERS.sub(r"\1", s)
-        if unwrapped == s:
-            break
-        s = unwrapped
-    s = re.sub(r"\\[!,;: ]|~", " ", s).replace("\\$", "").replace("$", "")
-    s = _TRAILING_UNIT.sub("", s.strip())
-    s = re.sub(r"\s+", "", s).rstrip(".")
-    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?", s):  # thousands separators: '32,348' (MATH's '\$32,\!348')
-        s = s.replace(",", "")
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
-    return re.sub(r"\\sqrt(\d)", r"\\sqrt{\1}", s)
-
-
-def to_integer(answer: str, timeout: float = 5.0) -> int | None:
-    """`answer` as an int if it is one ('025', '25.0', '$25$', '25^\\circ', '1,000', 'n=25',
-    '\\frac{50}{2}'), else None. Falls back to math-verify, so call it in a worker process."""
-    s = normalize_answer(answer)
-    s = s.rsplit("=", 1)[-1]
-    if re.fullmatch(r"[+-]?\d{1,3}(,\d{3})+", s):
-        s = s.replace(",", "")
-    if re.fullmatch(r"[+-]?\d+(\.0*)?", s):
-        return int(s.split(".")[0])
-    for value in _parse(f"${s}$", timeout):
-        number = _evaluate_integer(value, timeout)
-        if number is not None:
-            return number
-    return None
-
-
-def _evaluate_integer(value, timeout: float) -> int | None:
-    """A parsed value as an int if it is an integral number: math-verify leaves products and
-    powers unevaluated ('5\\sqrt{25}' -> 5*sqrt(25)), so evaluate, under its signal timeout."""
-    import sympy
-    from math_verify.utils import timeout as with_timeout
-
-    if not isinstance(value, sympy.Basic) or not value.is_number:
-        return None
-    number = with_timeout(max(1, math.ceil(timeout)))(value.doit)()
-    if number.is_Integer:
-        return int(number)
-    if number.is_Float and float(number).is_integer():  # sympy >= 1.13: Float(25.0) != 25
-        return int(float(number))
-    return None
-
-
-# ---------------------------------------------------------------------------------- grading
-
-
-def _parse_raw(latex: str, timeout: float) -> list:
-    from math_verify import parse
-    from math_verify.errors import TimeoutException
-
-    try:
-        return parse(latex, parsing_timeout=max(1, math.ceil(timeout)), raise_on_error=True)
-    except TimeoutException:
-        raise
-    except Exception:
-        return []
-
-
-_LETTER_IN_TEXT = re.compile(r"\\(?:text|mathrm|textrm|mathit)\s*\{\s*([A-Za-z])\s*\}")
-
-
-def _mangled(parsed: list) -> bool:
-    """Whether math-verify's reading of a text is cut off: the text it read has unbalanced braces."""
-    texts = [re.sub(r"\\[{}]", "", item) for item in parsed if isinstance(item, str)]
-    return any(text.count("{") != text.count("}") for text in texts)
-
-
-def _parse(latex: str, timeout: float) -> list:
-    """math-verify parse with its signal timeout; a TimeoutException propagates, errors -> [].
-
-    math-verify drops a ``\\text{..}``/``\\mathrm{..}`` it takes for a unit even inside a group, so
-    '1 - \\frac{1}{\\mathrm{e}}' reads as 1. A reading cut off like that (unbalanced braces in the text
-    it read) is retried with such one-letter wrappers removed, and if still cut off it counts as no value.
-    """
-    parsed = _parse_raw(latex, timeout)
-    if _mangled(parsed):
-        retry = _LETTER_IN_TEXT.sub(r"\1", latex)
-        parsed = _parse_raw(retry, timeout) if retry != latex else parsed
-        if _mangled(parsed):
-            parsed = [item for item in parsed if isinstance(item, str)]
-    return parsed
-
-
-def _verify(gold: list, pred: list, timeout: float) -> bool:
-    """math-verify verify, pair by pair (as verify does), so that a timeout is seen, not swallowed.
-    An inequality answer is compared with an interval gold as a set: '-2 \\le x \\le 7' is '[-2, 7]'."""
-    from math_verify import verify
-    from math_verify.errors import TimeoutException
-
-    seconds = max(1, math.ceil(timeout))
-    for g in gold:
-        for p in pred:
-            try:
-                if verify(g, p, timeout_seconds=seconds, raise_on_error=True, allow_set_relation_comp=True):
-                    return True
-            except TimeoutException:
-                raise
-            except Exception:
-                continue
-    return False
-
-
-def _has_value(parsed: list) -> bool:
-    """Whether math-verify read a value: it falls back to returning the raw string (fallback_mode
-    'first_match'), and a string alone only compares by exact text, which the normalized string
-    check already did."""
-    return any(not isinstance(item, str) for item in parsed)
-
-
-def _as_latex(answer: str) -> str:
-    """Wrap a bare answer in $...$ (math-verify parses a bare '\\frac{1}{2}' to nothing)."""
-    return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
-
-
-# ----------------------------------------------------------------- rules beyond math-verify
-
-_PLAIN_DECIMAL = re.compile(r"[+-]?\d*\.(\d+)")
-_SIGNIFICANT = 4  # digits an approximation must show: '2.667' for 8/3, not '2.67' or '0.33' for 1/3
-
-
-def _plain_number(answer: str) -> str:
-    """`answer` without math delimiters, spaces and LaTeX spacing ('1{,}5' -> '1,5')."""
-    return re.sub(r"\s|\\[,!;: ]", "", _unwrap(answer)).replace("{,}", ",")
-
-
-def _decimal_comma(answer: str, other: str) -> str:
-    """`answer` with its decimal comma read as a point when the other side is a decimal number:
-    '1,22' -> '1.22', '0,5' -> '0.5', '1.234,5' -> '1234.5'. A comma before exactly three digits
-    ('2,500') stays a thousands separator, unless the part before it is 0 ('0,125')."""
-    if not _PLAIN_DECIMAL.fullmatch(normalize_answer(other)):
-        return answer
-    s = _plain_number(answer)
-    if re.fullmatch(r"[+-]?\d{1,3}(\.\d{3})+,\d+", s):
-        return s.replace(".", "").replace(",", ".")
-    m = re.fullmatch(r"([+-]?\d+),(\d+)", s)
-    if m and (len(m.group(2)) != 3 or m.group(1).lstrip("+-") == "0"):
-        return f"{m.group(1)}.{m.group(2)}"
-    return answer
-
-
-def _numbers(parsed: list) -> list:
-    """The real numbers among math-verify's parsed values (no sets, symbols or equations)."""
-    import sympy
-
-    return [v for v in parsed if isinstance(v, sympy.Expr) and v.is_number and v.is_real]
-
-
-def _rounded(value, places: int) -> Decimal:
-    return Decimal(str(value.evalf(40))).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
-
-
-def _approximates(gold: str, pred: str, gold_parsed: list, pred_parsed: list) -> bool:
-    """A decimal approximation of an exact value, either way round:
-
-    - the answer is a decimal of at least 4 significant digits and the exact, non-integer gold
-      rounded or cut off at the answer's last digit ('2.6667', '2.6666' or '2.667' for 8/3; not '2.67');
-    - the gold is a decimal of 2 or more places and the exact answer rounds to it ('\\frac{1}{3}' for
-      '0.33', the form MATH stores 'to the nearest hundredth' answers in).
-    """
-    import sympy
-
-    gold_digits, pred_digits = _PLAIN_DECIMAL.fullmatch(normalize_answer(gold)), \
-        _PLAIN_DECIMAL.fullmatch(_plain_number(pred))
-    for g in _numbers(gold_parsed):
-        for p in _numbers(pred_parsed):
-            exact_gold, exact_pred = not g.has(sympy.Float), not p.has(sympy.Float)
-            if pred_digits and exact_gold and not g.is_Integer:
-                places = len(pred_digits.group(1))
-                shown = Decimal(pred_digits.group(0))
-                significant = len(str(abs(shown)).replace(".", "").lstrip("0"))
-                cut = Decimal(str(g.evalf(40))).quantize(Decimal(1).scaleb(-places), rounding=ROUND_DOWN)
-                if significant >= _SIGNIFICANT and shown in (_rounded(g, places), cut):
-                    return True
-            if gold_digits and len(gold_digits.group(1)) >= 2 and exact_pred and not p.is_Integer:
-                if _rounded(p, len(gold_digits.group(1))) == Decimal(gold_digits.group(0)):
-                    return True
-    return False
-
-
-_OR = re.compile(r"\\(?:text|mathrm)\s*\{\s*or\s*\}|\\(?:lor|vee)(?![A-Za-z])|\bor\b")
-
-
-def _inequalities_union(gold_parsed: list, pred: str, timeout: float) -> bool:
-    """An answer of inequalities joined by 'or' ('x < 2 \\text{ or } x > 3') against a gold union of
-    intervals ('(-\\infty, 2) \\cup (3, \\infty)'): the union of their solution sets."""
-    import sympy
-
-    gold_sets = [g for g in gold_parsed if isinstance(g, sympy.Set)]
-    if not gold_sets or not _OR.search(pred):
-        return False
-    for value in _parse(_as_latex(_OR.sub(",", pred)), timeout):
-        conditions = (sympy.core.relational.Relational, sympy.logic.boolalg.And)
-        if not isinstance(value, sympy.FiniteSet) or not all(isinstance(r, conditions) for r in value.args):
-            continue
-        if len(set().union(*(r.free_symbols for r in value.args))) != 1:
-            continue
-        union = sympy.Union(*(r.as_set() for r in value.args))
-        if any(union == g for g in gold_sets):
-            return True
-    return False
-
-
-def _beyond_math_verify(gold: str, pred: str, gold_parsed: list, pred_parsed: list, timeout: float) -> bool:
-    """opd's rules for what math-verify rejects (docs/grading.md), under math-verify's signal timeout."""
-    from math_verify.utils import timeout as with_timeout
-
-    def check() -> bool:
-        return _approximates(gold, pred, gold_parsed, pred_parsed) or _inequalities_union(gold_parsed, pred, timeout)
-
-    return with_timeout(max(1, math.ceil(timeout)))(check)()
 
 
 def _grade_integer(answer: str, gold: str, timeout: float) -> Grade:
@@ -452,13 +93,13 @@ def grade_one(prediction_text: str, gold: str, mode: str = "math", timeout: floa
         norm = normalize_answer(answer)
         if norm and norm == normalize_answer(gold):
             return Grade(True, answer, "match")
-        gold_text, pred_text = _decimal_comma(gold, answer), _decimal_comma(answer, gold)
-        gold_parsed, pred_parsed = _parse(_as_latex(gold_text), timeout), _parse(_as_latex(pred_text), timeout)
-        if not _has_value(gold_parsed):
+        gold_text, pred_text = decimal_comma(gold, answer), decimal_comma(answer, gold)
+        gold_parsed, pred_parsed = parse_latex(as_latex(gold_text), timeout), parse_latex(as_latex(pred_text), timeout)
+        if not has_value(gold_parsed):
             return Grade(False, answer, "parse-failure")
-        ok = _has_value(pred_parsed) and _verify(gold_parsed, pred_parsed, timeout) or \
-            _beyond_math_verify(gold_text, pred_text, gold_parsed, pred_parsed, timeout)
-        if not ok and not _has_value(pred_parsed):
+        ok = has_value(pred_parsed) and verify_latex(gold_parsed, pred_parsed, timeout) or \
+            beyond_math_verify(gold_text, pred_text, gold_parsed, pred_parsed, timeout)
+        if not ok and not has_value(pred_parsed):
             return Grade(False, answer, "parse-failure")
     except TimeoutException:
         return Grade(False, answer, "timeout")
