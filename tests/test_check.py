@@ -120,7 +120,8 @@ def test_the_top_k_kl_is_zero_at_identity_and_exact_when_only_one_id_is_left_out
     reference = float((p * np.log(p / q)).sum())  # KL over the whole vocabulary, written out
     assert full_kl(t, s, tau) == pytest.approx(reference, rel=1e-4)
     assert bucket_kl(t, s, 49, tau) == pytest.approx(reference, rel=1e-4)  # the tail bucket is one id
-    assert bucket_kl(t, s, 8, tau) < reference  # merging ids into a bucket can only lower a KL
+    if tau == 1:  # at tau != 1 the tempered buckets are a divergence of their own (docs/losses.md)
+        assert bucket_kl(t, s, 8, tau) < reference  # merging ids into a bucket can only lower a KL
 
 
 def test_config_errors_name_the_flag(tiny_model):

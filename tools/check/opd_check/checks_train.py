@@ -111,8 +111,12 @@ def check_topk(ctx) -> Result:
                       else "--self-teacher: the full vocabulary, no truncation")
     import torch
 
+    from .tokenizers import compare_vocab
+
     teacher = cfg.teachers[0]
     label = f"--teacher {teacher.name}={teacher.model}"
+    if compare_vocab(ctx.student_tokenizer(), ctx.tokenizer(teacher.model, teacher.revision))[0]:
+        return Result("topk", "SKIP", f"{label} reads ids differently (tokenizers check): no shared top-k")
     vocab = None
     tails: dict[int, list[float]] = {}
     errors: dict[int, list[float]] = {}
@@ -120,6 +124,9 @@ def check_topk(ctx) -> Result:
     for rec in ctx.samples():
         t_logp = torch.log_softmax(ctx.teacher_logits(teacher, rec), -1)
         s_logp = torch.log_softmax(ctx.trainer_logits(rec), -1)
+        if t_logp.shape != s_logp.shape:
+            return Result("topk", "SKIP", f"{label} has {t_logp.shape[-1]} logits, the student "
+                          f"{s_logp.shape[-1]}: no shared top-k (tokenizers check)")
         vocab = t_logp.shape[-1]
         ladder = sorted({k for k in (*TOPK_LADDER, cfg.topk) if k < vocab})
         for t in range(t_logp.shape[0]):

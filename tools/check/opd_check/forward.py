@@ -29,14 +29,6 @@ class Forward:
             out = self.lm(input_ids=torch.from_numpy(ids)[None].to(self.device), use_cache=False)
         return out.logits[0, P - 1:P - 1 + T].float()
 
-    def chosen(self, context_ids, response_ids) -> np.ndarray:
-        """log p(response_ids[t]) at temperature 1, float32 [T]."""
-        import torch
-
-        logp_TV = torch.log_softmax(self.logits(context_ids, response_ids), -1)
-        idx = torch.from_numpy(np.asarray(response_ids, np.int64)).to(logp_TV.device)
-        return logp_TV.gather(-1, idx[:, None])[:, 0].cpu().numpy()
-
     def close(self) -> None:
         self.lm = None
 

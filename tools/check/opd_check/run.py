@@ -24,7 +24,7 @@ class Context:
         self._tokenizers: dict = {}
         self._samples: list[dict] | None = None
         self._forwards: dict = {}
-        self._logits: dict = {}
+        self._logits: dict = {}  # (forward, record id) -> log-probs of the sampled tokens
 
     # ------------------------------------------------------------------ tokenizers and prompts
 
@@ -103,34 +103,37 @@ class Context:
             self._forwards[key] = Forward(model, revision, adapter, self.config.dtype, self.config.device, merge)
         return self._forwards[key]
 
-    def _cached_logits(self, key: str, forward, context_ids, rec: dict):
-        if (key, rec["id"]) not in self._logits:
-            self._logits[key, rec["id"]] = forward.logits(context_ids, rec["response_ids"]).cpu()
-        return self._logits[key, rec["id"]]
-
     def trainer_logits(self, rec: dict):
-        """The logits opd-train's student computes for the record: base + --adapter, unmerged."""
+        """The fp32 logits [T, V] opd-train's student computes for the record: base + --adapter, unmerged.
+        Logits are not kept (a few GB on a real vocabulary): each check asks once per record."""
         cfg = self.config
-        fwd = self._forward("trainer", cfg.model, cfg.revision, cfg.adapter)
-        return self._cached_logits("trainer", fwd, rec["prompt_ids"], rec)
+        return self._forward("trainer", cfg.model, cfg.revision, cfg.adapter).logits(rec["prompt_ids"],
+                                                                                     rec["response_ids"]).cpu()
 
     def base_logits(self, rec: dict):
         if not self.config.adapter:
             return self.trainer_logits(rec)
         fwd = self._forward("base", self.config.model, self.config.revision, None)
-        return self._cached_logits("base", fwd, rec["prompt_ids"], rec)
+        return fwd.logits(rec["prompt_ids"], rec["response_ids"]).cpu()
 
     def teacher_logits(self, spec, rec: dict):
         label = f"--teacher {spec.name}={spec.model}"
         context = next(c for lbl, c, _, _ in self.teacher_contexts(rec) if lbl == label)
         fwd = self._forward(label, spec.model, spec.revision, spec.adapter, merge=True)
-        return self._cached_logits(label, fwd, context, rec)
+        return fwd.logits(context, rec["response_ids"]).cpu()
 
     def trainer_logprobs(self, rec: dict):
-        return _chosen(self.trainer_logits(rec), rec["response_ids"])
+        """log p(sampled token) under the trainer's forward, float32 [T] (kept: several checks read it)."""
+        if ("trainer", rec["id"]) not in self._logits:
+            self._logits["trainer", rec["id"]] = _chosen(self.trainer_logits(rec), rec["response_ids"])
+        return self._logits["trainer", rec["id"]]
 
     def base_logprobs(self, rec: dict):
-        return _chosen(self.base_logits(rec), rec["response_ids"])
+        if not self.config.adapter:
+            return self.trainer_logprobs(rec)
+        if ("base", rec["id"]) not in self._logits:
+            self._logits["base", rec["id"]] = _chosen(self.base_logits(rec), rec["response_ids"])
+        return self._logits["base", rec["id"]]
 
 
 def _chosen(logits_TV, response_ids):
