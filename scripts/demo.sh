@@ -5,7 +5,8 @@
 #      (4,000 to train on, 200 held out), a random tiny Qwen3 whose tokenizer splits digits.
 #   2. A teacher and a weaker student, both from one `opd-train --loss sft` run on the gold solutions:
 #      the teacher is its last checkpoint, the student an early one (merged into plain model folders).
-#   3. On-policy distillation through the real pipeline, strictly on-policy (--max-lag 0: every step
+#   3. The preflight (opd-check with the pipeline's flags: report in OUT/check.txt, a FAIL stops the demo),
+#      then on-policy distillation through the real pipeline, strictly on-policy (--max-lag 0: every step
 #      trains on samples of the previous step's adapter):
 #        opd-rollout --follow RUN | opd-score --teacher t=TEACHER --topk 16 | opd-train --loss fkl --out RUN
 #      Forward KL on the teacher's top-16 with the tail bucket, without OPSD's per-summand clip
@@ -40,7 +41,10 @@ opd-train --model "$world/base" --loss sft --out "$out/sft" --overwrite --max-st
 python -m opd_common.demo merge "$world/base" "$out/sft/$(cat "$out/sft/latest")" "$out/teacher"
 python -m opd_common.demo merge "$world/base" "$(printf '%s/sft/checkpoint-%06d' "$out" "$student_step")" "$out/student"
 
-say "3/4 on-policy distillation: opd-rollout --follow | opd-score | opd-train, $distill_steps steps"
+say "3/4 on-policy distillation: opd-check first, then opd-rollout --follow | opd-score | opd-train, $distill_steps steps"
+opd-check --model "$out/student" --engine hf --template '{problem}' --thinking off -n 4 --temperature 1.0 \
+    --max-tokens 12 --teacher "t=$out/teacher" --topk 16 --loss fkl --kl-clip 0 --grader integer --limit 4 --quiet \
+    "$world/train.jsonl" | tee "$out/check.txt" >&2
 rm -rf "$out/distill"
 opd-rollout --model "$out/student" --engine hf --template '{problem}' --thinking off -n 4 \
     --temperature 1.0 --max-tokens 12 --batch-prompts 16 --follow "$out/distill" --max-lag 0 --quiet \

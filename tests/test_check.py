@@ -124,6 +124,19 @@ def test_the_top_k_kl_is_zero_at_identity_and_exact_when_only_one_id_is_left_out
         assert bucket_kl(t, s, 8, tau) < reference  # merging ids into a bucket can only lower a KL
 
 
+def test_the_top_k_kl_of_a_peaked_teacher_is_finite():
+    """A teacher whose top-k holds all but 1e-17 of its mass (the demo's teacher): 1 - head rounds to 0 in
+    floating point, the tail summed over its ids does not."""
+    import torch
+
+    t = torch.full((100,), -40.0, dtype=torch.float64)
+    t[0] = 0.0
+    t = torch.log_softmax(t, -1)
+    s = torch.log_softmax(torch.randn(100, generator=torch.Generator().manual_seed(1), dtype=torch.float64), -1)
+    assert bucket_kl(t, s, 16, 1.0) == pytest.approx(full_kl(t, s, 1.0), rel=1e-9)
+    assert np.isfinite(bucket_kl(t, s, 16, 1.1)) and bucket_kl(t, t, 16, 1.1) == 0
+
+
 def test_config_errors_name_the_flag(tiny_model):
     result = CliRunner().invoke(command, ["--model", str(tiny_model), "--loss", "rkl"])
     assert result.exit_code == 1

@@ -141,6 +141,10 @@ def test_demo_student_improves_with_a_ci_excluding_0(demo):
     assert (out / "eval" / "report.md").exists() and (out / "eval" / "accuracy.png").stat().st_size > 1000
     teacher = json.loads((out / "teacher-eval.json").read_text())["metrics"]["overall"]["avg"]
     assert teacher > comparison["avg_b"]  # the teacher is the ceiling the student moved toward
+    check = (out / "check.txt").read_text()  # the preflight passed on the demo world before the distillation
+    assert check.rstrip().splitlines()[-1].endswith(" 0 fail, 1 skipped"), check  # (adapter: none given)
+    for name in ("tokenizers", "rendering", "logprobs", "self", "stops"):
+        assert f"\nPASS  {name:<10}" in "\n" + check, (name, check)
 
 
 @pytest.mark.slow

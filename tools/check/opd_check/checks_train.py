@@ -87,20 +87,27 @@ def bucket_kl(logp_t_V, logp_s_V, k: int, tau: float) -> float:
     import torch
 
     top = torch.topk(logp_t_V, k).indices
+    rest = torch.ones_like(logp_t_V, dtype=torch.bool)
+    rest[top] = False
     buckets = []
-    for logp in (logp_t_V, logp_s_V):
-        head = logp[top]
-        tail = torch.log1p(-head.exp().sum().clamp(max=1 - 1e-12))
-        buckets.append(torch.log_softmax(torch.cat([head, tail[None]]) / tau, -1))
-    t, s = buckets
-    return float((t.exp() * (t - s)).sum())
+    for logp in (logp_t_V, logp_s_V):  # the tail's mass summed over its ids, not 1 - head (exact when p -> 1)
+        tail = torch.logsumexp(logp[rest], 0)
+        buckets.append(torch.log_softmax(torch.cat([logp[top], tail[None]]) / tau, -1))
+    return _kl(*buckets)
+
+
+def _kl(t_logq, s_logq) -> float:
+    """sum q_T (log q_T - log q_S), with 0 log 0 = 0."""
+    import torch
+
+    terms = torch.where(t_logq > -torch.inf, t_logq.exp() * (t_logq - s_logq), torch.zeros_like(t_logq))
+    return float(terms.sum())
 
 
 def full_kl(logp_t_V, logp_s_V, tau: float) -> float:
     import torch
 
-    t, s = torch.log_softmax(logp_t_V / tau, -1), torch.log_softmax(logp_s_V / tau, -1)
-    return float((t.exp() * (t - s)).sum())
+    return _kl(torch.log_softmax(logp_t_V / tau, -1), torch.log_softmax(logp_s_V / tau, -1))
 
 
 def check_topk(ctx) -> Result:
@@ -122,8 +129,8 @@ def check_topk(ctx) -> Result:
     errors: dict[int, list[float]] = {}
     fulls = []
     for rec in ctx.samples():
-        t_logp = torch.log_softmax(ctx.teacher_logits(teacher, rec), -1)
-        s_logp = torch.log_softmax(ctx.trainer_logits(rec), -1)
+        t_logp = torch.log_softmax(ctx.teacher_logits(teacher, rec).double(), -1)
+        s_logp = torch.log_softmax(ctx.trainer_logits(rec).double(), -1)
         if t_logp.shape != s_logp.shape:
             return Result("topk", "SKIP", f"{label} has {t_logp.shape[-1]} logits, the student "
                           f"{s_logp.shape[-1]}: no shared top-k (tokenizers check)")
