@@ -6,25 +6,7 @@ from dataclasses import dataclass, field
 
 from opd_common.config import opt
 from opd_common.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class TeacherSpec:
-    """--teacher NAME=MODEL[@REVISION][+ADAPTER]"""
-
-    name: str
-    model: str
-    revision: str | None = None
-    adapter: str | None = None
-
-    @classmethod
-    def parse(cls, text: str, flag: str = "--teacher") -> TeacherSpec:
-        name, sep, rest = text.partition("=")
-        if not sep or not name or not rest:
-            raise ConfigError(f"{flag} {text!r}: expected NAME=MODEL[@REVISION][+ADAPTER]")
-        rest, _, adapter = rest.partition("+")
-        model, _, revision = rest.partition("@")
-        return cls(name=name, model=model, revision=revision or None, adapter=adapter or None)
+from opd_common.teachers import TeacherSpec, parse_shift
 
 
 @dataclass
@@ -88,10 +70,7 @@ class ScoreConfig:
         if len(set(names)) != len(names):
             raise ConfigError(f"--teacher names must be unique, got {names}")
         if self.shift:
-            parts = dict(p.partition("=")[::2] for p in self.shift.split(","))
-            if set(parts) != {"post", "pre"} or not all(parts.values()):
-                raise ConfigError(f"--shift {self.shift!r}: expected post=MODEL,pre=MODEL")
-            self.shift_pair = (parts["post"], parts["pre"])
+            self.shift_pair = parse_shift(self.shift)
         if not (self.teachers or self.shift or self.reward):
             raise ConfigError("nothing to score: give --teacher NAME=MODEL, --shift post=M,pre=M or --reward math")
         if self.topk and self.at_student_topk:
