@@ -111,6 +111,7 @@ def test_same_vocab_keeps_the_student_ids_one_chunk_per_token(toks):
     al = Aligner(s, s, "--teacher t", same_vocab=True)(ids)
     assert al.teacher_ids.tolist() == ids and al.student_end.tolist() == list(range(1, len(ids) + 1))
     assert al.teacher_end.tolist() == al.student_end.tolist() and al.status == "ok"
+    assert al.text == "x = 😀 12" and "".join(_chunks(al)) == al.text and al.char_end[-1] == len(al.text)
 
 
 def test_cut_mid_character_is_partial_and_invalid_bytes_are_refused(toks):

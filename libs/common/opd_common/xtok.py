@@ -197,8 +197,10 @@ class Aligner:
 
 
     def _same(self, ids: list[int]) -> TextAlignment:
-        """The student's own ids, one chunk per token."""
+        """The student's own ids, one chunk per token (a final EOS spells no text, as in the other path)."""
         pieces = [self.s_bytes[i] if 0 <= i < len(self.s_bytes) else b"" for i in ids]
+        if ids and ids[-1] == self.s_eos:
+            pieces[-1] = b""
         data = b"".join(pieces)
         ends = np.arange(1, len(ids) + 1, dtype=np.int32)
         char_end = _char_offsets(data, _boundaries(pieces))
