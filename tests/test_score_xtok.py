@@ -164,6 +164,11 @@ def test_opd_train_rkl_and_uld_on_text_chunks_and_opd_cat_shows_them(records, ti
         assert c["student_logprob"] == pytest.approx(float(rec["logprobs"][a:b].astype(np.float64).sum()))
         assert c["text"] == s_tok.decode(rec["response_ids"][a:b].tolist(), skip_special_tokens=True)
     assert shown[3]["teacher_chunks"]["x"] == []
+    summary = json.loads(ok(CliRunner().invoke(cat.command, ["--summary"], input=scored)).stdout)["teachers"]["x"]
+    texts = [r["teachers"]["x"]["text"] for r in parse(scored)]
+    assert summary == {"records": 4, "tokens": sum(len(t["logprobs"]) for t in texts), "aligned": {
+        "ok": 2, "partial": 1, "refused": 1}, "mean_logprob": pytest.approx(
+        float(np.concatenate([t["logprobs"] for t in texts]).astype(np.float64).mean()))}
 
 
 def test_a_damaged_text_block_is_refused_naming_the_field(records, other_teacher):

@@ -96,6 +96,7 @@ class Summary:
         self.versions: Counter = Counter()
         self.engines: Counter = Counter()
         self.teachers: dict[str, list[float]] = {}  # name -> [records, token count, logprob sum]
+        self.aligned: dict[str, Counter] = {}  # teacher with another tokenizer -> {ok, partial, refused: records}
         self.rewards: list[dict] = []
         self.shift = [0, 0, 0.0]  # records, entries, delta sum
 
@@ -108,7 +109,10 @@ class Summary:
         self.engines[str(get_path(rec, "sampling.engine"))] += 1
         for name, block in (rec.get("teachers") or {}).items():
             acc = self.teachers.setdefault(name, [0, 0, 0.0])
-            lp = np.asarray(block.get("logprobs", []), dtype=np.float64)
+            text = block.get("text") if isinstance(block.get("text"), dict) else None
+            if text is not None:  # another tokenizer: the teacher's own tokens, and how the records aligned
+                self.aligned.setdefault(name, Counter())[str(text.get("status"))] += 1
+            lp = np.asarray((text or block).get("logprobs", []), dtype=np.float64)
             acc[0] += 1
             acc[1] += lp.size
             acc[2] += float(lp.sum())
@@ -134,6 +138,8 @@ class Summary:
             out["teachers"] = {n: {"records": int(a[0]), "tokens": int(a[1]),
                                    "mean_logprob": a[2] / a[1] if a[1] else None}
                                for n, a in self.teachers.items()}
+            for name, statuses in self.aligned.items():  # tokens are then the teacher's own
+                out["teachers"][name]["aligned"] = dict(sorted(statuses.items()))
         if self.rewards:
             out["reward"] = _reward_summary(self.rewards)
         if self.shift[0]:
