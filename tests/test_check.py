@@ -51,7 +51,8 @@ def planted(tiny_model, tiny_teacher, tmp_path_factory):
 def test_each_planted_mismatch_fails_by_name(tiny_model, planted):
     code, checks = opd_check("--model", str(tiny_model), "--engine", "hf", "--adapter", str(planted["renamed"]),
                              "--teacher", f"a={planted['vocab']}", "--teacher", f"b={planted['template']}",
-                             "--loss", "rkl", "--temperature", "0.7", "--grader", "integer", *FAST, "math500")
+                             "--loss", "rkl", "--align", "ids", "--temperature", "0.7", "--grader", "integer", *FAST,
+                             "math500")
     assert code == 1
     tok = checks["tokenizers"]
     assert tok["status"] == "FAIL"
@@ -86,6 +87,45 @@ def test_a_consistent_run_through_vllm_with_an_adapter_passes(tiny_model, tiny_t
     assert checks["self"]["values"]["loss"] < 1e-5 and checks["self"]["values"]["grad_norm"] < 1e-4
     topk = checks["topk"]["values"]
     assert 0 < topk["tail_mass"] < 1 and topk["suggested_k"] in (8, 16, 32, 64, 128, 256, 512)
+
+
+@pytest.mark.slow
+def test_a_teacher_with_another_tokenizer_is_checked_over_the_text(tiny_model, planted):
+    """--align auto (opd-score's default): the digit-splitting teacher is scored over the response text. The
+    random tiny student's samples are byte soup, not UTF-8, so opd-score would refuse every one: a FAIL that
+    says so. The prompt shown is the one that teacher reads: the student's, as text."""
+    code, checks = opd_check("--model", str(tiny_model), "--engine", "hf", "--teacher", f"x={planted['vocab']}",
+                             "--loss", "rkl", *FAST, "aime24")
+    tok = checks["tokenizers"]
+    assert code == 1 and tok["status"] == "FAIL", tok
+    assert f"--teacher x={planted['vocab']}: another tokenizer, scored over the response text: 0 samples aligned, " \
+           "0 partial, 4 refused" in tok["figure"] and "not valid UTF-8" in tok["figure"]
+    shown = [d for d in checks["rendering"]["details"] if d.startswith(f"--teacher x={planted['vocab']} prompt")]
+    assert shown and "Problem: Every morning Aya" in shown[0]  # the student's prompt as text, not its ids
+    assert checks["rendering"]["status"] == "PASS"  # such a teacher does not read the student's ids
+
+
+def test_text_samples_align_with_a_teacher_with_another_tokenizer(tiny_model, planted):
+    from types import SimpleNamespace
+
+    from opd_check.checks import check_text_teacher
+
+    from opd_common.models import load_tokenizer
+
+    student, teacher = load_tokenizer(str(tiny_model)), load_tokenizer(str(planted["vocab"]))
+    texts = ["The answer is $\\boxed{1234}$.", "  two  spaces, 3.14 and é"]
+    samples = [{"response_ids": np.asarray(student(t, add_special_tokens=False)["input_ids"] + [student.eos_token_id])}
+               for t in texts]
+    ctx = SimpleNamespace(config=SimpleNamespace(loss="rkl"), samples=lambda: samples,
+                          student_tokenizer=lambda: student)
+    result = check_text_teacher(ctx, "--teacher x=X", teacher)
+    assert result.status == "PASS", result
+    assert result.values == {"aligned": 2, "partial": 0, "refused": 0, "tokens": sum(len(s["response_ids"])
+                             for s in samples), "tokens_in_chunks": sum(len(s["response_ids"]) for s in samples)}
+    ctx.config.loss = "fkl"
+    result = check_text_teacher(ctx, "--teacher x=X", teacher)
+    assert result.status == "FAIL" and "--loss fkl reads the teacher at the student's token ids" in result.figure
+    assert result.fix.startswith("use --loss rkl or uld (aligned chunks)")
 
 
 def test_template_difference_names_line_and_column():

@@ -221,3 +221,11 @@ def chunk_sums(values_U: np.ndarray, ends_C: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.float32)
     starts = np.concatenate([[0], ends[:-1]])
     return np.add.reduceat(np.asarray(values_U, np.float64)[:ends[-1]], starts).astype(np.float32)
+
+
+def teacher_prompt_ids(rec: dict, student_tokenizer, teacher_tokenizer) -> np.ndarray:
+    """--teacher-prompt as-is for a teacher with another tokenizer: the student's prompt as text (its chat
+    markup included), tokenized by the teacher. A template renders the teacher's own chat template instead."""
+    text = student_tokenizer.decode([int(i) for i in rec["prompt_ids"]], skip_special_tokens=False,
+                                    clean_up_tokenization_spaces=False)
+    return np.asarray(teacher_tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)

@@ -24,8 +24,49 @@ def check_tokenizers(ctx) -> Result:
     if not sides:
         return Result("tokenizers", "SKIP", "no --teacher or --shift: the student is its own teacher")
     as_is = ctx.config.teacher_prompt == "as-is"
-    return merge("tokenizers", [check_pair(label, ctx.student_tokenizer(), ctx.tokenizer(model, revision), as_is)
-                                for label, model, revision, _ in sides])
+    parts = []
+    for label, model, revision, _ in sides:
+        if ctx.over_text(label):
+            parts.append(check_text_teacher(ctx, label, ctx.tokenizer(model, revision)))
+        else:
+            parts.append(check_pair(label, ctx.student_tokenizer(), ctx.tokenizer(model, revision), as_is))
+    return merge("tokenizers", parts)
+
+
+def check_text_teacher(ctx, label: str, tokenizer) -> Result:
+    """A teacher with another tokenizer that opd-score scores over the response text (--align auto or text):
+    how the samples align (opd_common.xtok, as opd-score aligns them), and whether --loss can learn from it."""
+    from opd_common.xtok import Aligner
+
+    from .config import TEXT_LOSSES
+
+    cfg = ctx.config
+    if cfg.loss not in TEXT_LOSSES:
+        return Result("tokenizers", "FAIL", f"{label} has another tokenizer (opd-score scores it over the response "
+                      f"text) but --loss {cfg.loss} reads the teacher at the student's token ids",
+                      f"use --loss {' or '.join(TEXT_LOSSES)} (aligned chunks), or a teacher with the student's "
+                      "tokenizer")
+    aligner = Aligner(ctx.student_tokenizer(), tokenizer, label)
+    counts = {"ok": 0, "partial": 0, "refused": 0}
+    covered = total = 0
+    reason = ""
+    for rec in ctx.samples():
+        al = aligner(rec["response_ids"])
+        counts[al.status] += 1
+        total += len(rec["response_ids"])
+        covered += int(al.student_end[-1]) if len(al.student_end) else 0
+        reason = reason or al.reason
+    figure = (f"{label}: another tokenizer, scored over the response text: {counts['ok']} samples aligned, "
+              f"{counts['partial']} partial, {counts['refused']} refused; {covered}/{total} student tokens in "
+              "aligned chunks")
+    values = {"aligned": counts["ok"], "partial": counts["partial"], "refused": counts["refused"],
+              "tokens_in_chunks": covered, "tokens": total}
+    if counts["refused"] == sum(counts.values()):
+        return Result("tokenizers", "FAIL", figure + f" ({reason})", "no sample aligns: this teacher gives no "
+                      "signal; pick a teacher whose tokenizer reproduces the text", values=values)
+    return Result("tokenizers", "WARN" if counts["refused"] else "PASS", figure + (f" ({reason})" if reason else ""),
+                  "refused samples get no teacher signal (docs/records.md, teachers with another tokenizer)",
+                  values=values)
 
 
 def check_rendering(ctx) -> Result:
@@ -47,7 +88,7 @@ def check_rendering(ctx) -> Result:
             f"{label} prompt ({len(context_ids)} tokens, thinking {thinking}): {_ends(text)}",
             f"{label} reads the response after {generation_prefix(tokenizer, thinking == 'on')!r}"]))
         theirs = tokenizer.decode(rec["response_ids"])
-        if theirs != response:
+        if not ctx.over_text(label) and theirs != response:
             at = next((i for i, (a, b) in enumerate(zip(response, theirs, strict=False)) if a != b),
                       min(len(response), len(theirs)))
             parts.append(Result("rendering", "FAIL", f"{label} reads the student's response ids as other text "

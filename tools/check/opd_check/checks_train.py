@@ -30,7 +30,7 @@ def _self_records(ctx) -> tuple[list[dict], dict]:
         rec["logprobs"] = logp_TV.gather(-1, ids[:, None])[:, 0].numpy()
         if cfg.loss == "rkl":
             rec["teachers"] = {"self": {"model": cfg.model, "logprobs": rec["logprobs"].copy()}}
-        elif cfg.loss == "fkl" and not cfg.self_teacher:
+        elif cfg.loss in ("fkl", "uld") and not cfg.self_teacher:
             values, top = torch.topk(logp_TV, min(cfg.topk, logp_TV.shape[-1]), -1)
             rec["teachers"] = {"self": {"model": cfg.model, "topk_ids": top.numpy().astype(np.int32),
                                         "topk_logprobs": values.numpy()}}
@@ -41,7 +41,7 @@ def _self_records(ctx) -> tuple[list[dict], dict]:
         elif cfg.loss in ("grpo", "dapo"):
             rec["reward"] = {"total": 1.0, "correct": True}
         out.append(rec)
-    if cfg.loss in ("rkl", "fkl") and not cfg.self_teacher:
+    if cfg.loss in ("rkl", "fkl", "uld") and not cfg.self_teacher:
         options["teacher"] = "self"
     if cfg.loss == "fkl":
         options.update(loss_temperature=cfg.loss_temperature, kl_clip=cfg.kl_clip or 0, fkl_tail=cfg.fkl_tail)

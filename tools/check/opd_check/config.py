@@ -9,7 +9,8 @@ from opd_common.config import opt
 from opd_common.engines.config import EngineConfig
 from opd_common.errors import ConfigError
 
-LOSSES = ("sft", "rkl", "fkl", "shift", "grpo", "dapo")
+LOSSES = ("sft", "rkl", "fkl", "shift", "grpo", "dapo", "uld")
+TEXT_LOSSES = ("rkl", "uld")  # the objectives that learn from a teacher with another tokenizer (aligned chunks)
 
 
 @dataclass
@@ -26,7 +27,9 @@ class CheckConfig(EngineConfig):
     teacher_prompt: str = opt("as-is", "as-is or a template (bundled name or file), as opd-score.")
     teacher_thinking: str = opt("on", "enable_thinking for the teacher's template, as opd-score.",
                                 choices=("on", "off"))
-    topk: int = opt(16, "opd-score --topk K (fkl): the k whose truncation is measured.")
+    align: str = opt("auto", "opd-score --align: auto (token ids when a teacher's tokenizer is the student's, "
+                     "else text chunks), ids or text.", choices=("auto", "ids", "text"))
+    topk: int = opt(16, "opd-score --topk K (fkl, uld): the k whose truncation is measured.")
     grader: str = opt("math", "opd-score / opd-eval --grader.", choices=("math", "integer"))
     # opd-train
     loss: str = opt("rkl", "opd-train --loss.", choices=LOSSES)
@@ -59,7 +62,7 @@ class CheckConfig(EngineConfig):
             self.kl_clip = None
         if self.self_teacher and self.loss != "fkl":
             raise ConfigError("--self-teacher goes with --loss fkl (as in opd-train)")
-        if self.loss in ("rkl", "fkl") and not (self.teachers or self.self_teacher):
+        if self.loss in ("rkl", "fkl", "uld") and not (self.teachers or self.self_teacher):
             raise ConfigError(f"--loss {self.loss} learns from a teacher: give --teacher NAME=MODEL (as opd-score) "
                               "or --self-teacher TEMPLATE (fkl)")
         if self.loss == "shift" and not self.shift_pair:

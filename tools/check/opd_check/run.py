@@ -47,16 +47,31 @@ class Context:
                                                                                strict=True)]
         return sides
 
+    def over_text(self, label: str) -> bool:
+        """Whether opd-score scores this teacher over the response text (another tokenizer, or --align text)
+        rather than at the student's token ids."""
+        from .tokenizers import compare_vocab
+
+        cfg = self.config
+        if cfg.align == "ids" or label.startswith(("--shift", "--self-teacher")):
+            return False
+        side = next(s for s in self.teacher_sides() if s[0] == label)
+        mismatch, only_s, only_t = compare_vocab(self.student_tokenizer(), self.tokenizer(side[1], side[2]))
+        return cfg.align == "text" or bool(mismatch or only_s or only_t)
+
     def teacher_contexts(self, rec: dict):
         """(label, context ids, tokenizer, thinking) of each teacher for one record, built as opd-score
         (--teacher-prompt) and opd-train (--self-teacher) build them."""
         from opd_common.models import render_chat
         from opd_common.prompts import AS_IS, load
+        from opd_common.xtok import teacher_prompt_ids
 
         cfg = self.config
         for label, model, revision, _ in self.teacher_sides():
             tokenizer = self.tokenizer(model, revision)
-            if cfg.teacher_prompt == AS_IS:
+            if cfg.teacher_prompt == AS_IS and self.over_text(label):  # the student's prompt as text (opd-score)
+                yield label, teacher_prompt_ids(rec, self.student_tokenizer(), tokenizer), tokenizer, cfg.thinking
+            elif cfg.teacher_prompt == AS_IS:
                 yield label, rec["prompt_ids"], tokenizer, cfg.thinking
             else:
                 message = load(cfg.teacher_prompt).render(rec["example"], rec["id"])

@@ -42,7 +42,9 @@ def check_pair(label: str, student, teacher, as_is: bool) -> Result:
     sizes = f"vocab {len(student)} vs {len(teacher)}"
     if mismatch:
         parts.append(Result("tokenizers", "FAIL", f"{label}: {sizes}, first id read differently: {mismatch}",
-                            f"give {label.split()[0]} a model with the student's tokenizer (records carry token ids)"))
+                            f"give {label.split()[0]} a model with the student's tokenizer (records carry token ids)"
+                            + (", or let opd-score score it over the response text (--align auto, --loss rkl or "
+                               "uld)" if label.startswith("--teacher") else "")))
     elif only_s or only_t:
         parts.append(Result("tokenizers", "WARN", f"{label}: {sizes}, shared ids agree; {only_s} ids only the "
                             f"student has, {only_t} only the teacher", "ids one side lacks score as -inf or are "

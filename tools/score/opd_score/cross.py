@@ -46,14 +46,6 @@ class AlignCounts:
         return text
 
 
-def teacher_prompt_ids(rec: dict, student_tokenizer, teacher_tokenizer) -> np.ndarray:
-    """--teacher-prompt as-is for a teacher with another tokenizer: the student's prompt as text (its chat
-    markup included), tokenized by the teacher. A template renders the teacher's own chat template instead."""
-    text = student_tokenizer.decode([int(i) for i in rec["prompt_ids"]], skip_special_tokens=False,
-                                    clean_up_tokenization_spaces=False)
-    return np.asarray(teacher_tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
-
-
 def text_sequences(aligner: Aligner, window, contexts: list[np.ndarray],
                    counts: AlignCounts) -> tuple[list[TextAlignment], list[Sequence]]:
     """Each record's alignment and the teacher's sequence (its context + its tokens of the response text)."""

@@ -150,7 +150,7 @@ class Scorer:
         if self.template is None and not text:
             return rec["prompt_ids"]
         if self.template is None:
-            from .cross import teacher_prompt_ids
+            from opd_common.xtok import teacher_prompt_ids
 
             key = (flag, rec["prompt_id"])
             if key not in cache:
