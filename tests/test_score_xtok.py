@@ -171,6 +171,20 @@ def test_opd_train_rkl_and_uld_on_text_chunks_and_opd_cat_shows_them(records, ti
         float(np.concatenate([t["logprobs"] for t in texts]).astype(np.float64).mean()))}
 
 
+def test_uld_reads_a_refused_records_empty_top_k_from_plain_json(records, tiny_model, other_teacher, tmp_path):
+    """--encoding json writes a refused record's [0][k] top-k as [], which has no width: the block's k gives it."""
+    from opd_train import cli
+
+    scored = ok(score("--teacher", f"x={other_teacher}", "--topk", "4", "--encoding", "json", str(records)))
+    refused = [json.loads(line)["teachers"]["x"]["text"] for line in scored.stdout_bytes.splitlines()]
+    assert [(t["status"], t["topk_ids"], t["k"]) for t in refused if t["status"] == "refused"] == [("refused", [], 4)]
+    run = tmp_path / "uld"
+    ok(CliRunner().invoke(cli.command, ["--quiet", "--model", str(tiny_model), "--out", str(run), "--lora-r", "4",
+                                        "--lora-alpha", "8", "--loss", "uld", "--max-steps", "1", "--batch-size", "4"],
+                          input=scored.stdout_bytes))
+    assert json.loads((run / "metrics.jsonl").read_text())["uld_positions"] > 0
+
+
 def test_a_damaged_text_block_is_refused_naming_the_field(records, other_teacher):
     rec = parse(ok(score("--teacher", f"x={other_teacher}", str(records))).stdout_bytes)[0]
     text = rec["teachers"]["x"]["text"]

@@ -68,9 +68,9 @@ def text_block(al: TextAlignment, scores, topk: int) -> dict:
     if al.reason:
         block["reason"] = al.reason
     if scores is not None and scores.topk_ids is not None:
-        block.update(topk_ids=scores.topk_ids, topk_logprobs=scores.topk_logprobs)
-    elif topk:  # a refused record: no teacher tokens, [0][k]
-        block.update(topk_ids=np.zeros((0, topk), np.int32), topk_logprobs=np.zeros((0, topk), np.float32))
+        block.update(topk_ids=scores.topk_ids, topk_logprobs=scores.topk_logprobs, k=int(scores.topk_ids.shape[1]))
+    elif topk:  # a refused record: no teacher tokens, [0][k] (k kept: JSON's [] has no width)
+        block.update(topk_ids=np.zeros((0, topk), np.int32), topk_logprobs=np.zeros((0, topk), np.float32), k=topk)
     return block
 
 

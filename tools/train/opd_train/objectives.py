@@ -162,6 +162,8 @@ def _build_uld(obj, ex, rec, where, config, render) -> None:
         raise _missing(where, f"teachers.{name} has no {'' if text is None else 'text.'}topk_logprobs", config,
                        obj.hint)
     top = np.exp(_f32(src["topk_logprobs"]))
+    if text is not None and top.size == 0 and text.get("k"):  # a refused record read from JSON: [] has no width
+        top = top.reshape(0, int(text["k"]))
     T = len(rec["response_ids"])
     if text is None:
         ex.tokens.update(teacher_probs=top, uld_weight=np.ones(T, np.float32))
