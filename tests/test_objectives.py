@@ -158,3 +158,16 @@ def test_response_mean_aggregation_goes_with_grpo_and_dapo_only():
     with pytest.raises(ConfigError, match=r"^--aggregation response-mean goes with --loss grpo or dapo; the other "
                                           r"losses are token means over the step$"):
         config("rkl", aggregation="response-mean")
+
+
+def test_uld_sorts_the_teachers_probabilities_read_at_the_students_top_k():
+    """opd-score --at-student-topk writes the teacher's log-probs at the student's top-k ids, in the student's
+    order; uld compares sorted vectors, so the teacher's side is sorted when it is read."""
+    import numpy as np
+
+    rec = record()
+    T = len(rec["response_ids"])
+    unsorted = np.log(np.tile([[0.1, 0.6, 0.3]], (T, 1))).astype(np.float32)
+    rec["teachers"]["t"].update(topk="student", topk_logprobs=unsorted, topk_ids=np.tile([[3, 4, 5]], (T, 1)))
+    ex = make_example(rec, Where("r.jsonl", 1), config("uld"))
+    np.testing.assert_allclose(ex.tokens["teacher_probs"], np.tile([[0.6, 0.3, 0.1]], (T, 1)), rtol=1e-6)

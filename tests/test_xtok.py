@@ -105,6 +105,40 @@ def test_numbers_split_by_one_tokenizer_and_merged_by_the_other(toks):
     assert np.diff([0, *al.student_end.tolist()]).tolist() == [2, 1, 2, 1, 2, 1, 1, 1, 2, 2, 2, 1]
 
 
+def test_a_response_stopped_by_another_stop_token_pairs_it_with_the_teachers_eos(toks):
+    """The engine stops on every EOS id of the model's generation config (Qwen: <|im_end|> and <|endoftext|>);
+    a record that stopped on one that is not the tokenizer's eos_token still ends with one EOS chunk."""
+    s, t = toks["digits"], toks["plain"]
+    other_stop = s.convert_tokens_to_ids("<|endoftext|>")
+    assert other_stop != s.eos_token_id
+    ids = s("12 + 3", add_special_tokens=False)["input_ids"] + [other_stop]
+    for same in (False, True):
+        al = Aligner(s, s if same else t, "--teacher t", same_vocab=same)(ids, stopped=True)
+        assert al.text == "12 + 3" and al.status == "ok", (same, al.text)
+        assert int(al.student_end[-1]) == len(ids) and int(al.student_end[-2]) == len(ids) - 1
+        assert al.teacher_ids[-1] == (other_stop if same else t.eos_token_id)
+    literal = Aligner(s, t, "--teacher t")(ids)  # without `stopped`: only the tokenizer's EOS is read as a stop
+    assert literal.text.endswith("<|endoftext|>")
+
+
+def test_a_teacher_that_opens_every_text_with_bos_reads_its_prompt_with_it(toks):
+    from opd_common.xtok import teacher_prompt_ids
+
+    s, t = toks["digits"], toks["plain"]
+    rec = {"prompt_ids": np.asarray(s("What is 2+2?", add_special_tokens=False)["input_ids"])}
+    plain = teacher_prompt_ids(rec, s, t).tolist()
+    assert plain == t("What is 2+2?", add_special_tokens=False)["input_ids"]  # no BOS in this tokenizer
+
+    class WithBos:  # a Llama-style tokenizer: add_special_tokens (its default) puts BOS first
+        bos_token_id = 7
+
+        def __call__(self, text, add_special_tokens=True):
+            ids = t(text, add_special_tokens=False)["input_ids"]
+            return {"input_ids": [7, *ids] if add_special_tokens else ids}
+
+    assert teacher_prompt_ids(rec, s, WithBos()).tolist() == [7, *plain]
+
+
 def test_same_vocab_keeps_the_student_ids_one_chunk_per_token(toks):
     s = toks["digits"]
     ids = s("x = 😀 12", add_special_tokens=False)["input_ids"] + [s.eos_token_id]

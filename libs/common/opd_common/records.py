@@ -48,7 +48,7 @@ Added by opd-score (named blocks; several may stack)
   teachers.NAME  dict  {model, revision, adapter, prompt ("as-is" | template name),
                        logprobs float[T], topk_ids int[T][k], topk_logprobs float[T][k]}
   teachers.NAME.text  dict  a teacher with another tokenizer, instead of logprobs/topk_*: {format "opd-text/1",
-                       status, text, ids int[U], logprobs float[U], topk_* [U][k], student_end int[C],
+                       status, text, ids int[U], logprobs float[U], topk_* [U][k] and k, student_end int[C],
                        teacher_end int[C], char_end int[C], chunk_logprobs float[C]} (docs/records.md)
   shift          dict  {post, pre, k, ids int[T][k], delta float[T][k]} with
                        delta = log pi_post(id) - log pi_pre(id) at the student's top-k ids
@@ -293,7 +293,7 @@ def _check_text(text: dict, n: int, name: str, where: Where | str) -> None:
         raise RecordError(f"{where}: field '{name}' has no '{missing[0]}' (was it written by opd-score?)")
     U, C = len(text["ids"]), len(text["student_end"])
     for key in TEXT_TEACHER_FIELDS:
-        if key in text and len(text[key]) != U and not (key == "logprobs" and U == 0):
+        if key in text and len(text[key]) != U:
             raise RecordError(f"{where}: field '{name}.{key}' has {len(text[key])} entries but {name}.ids has {U} "
                               "(they are aligned to the teacher's tokens)")
     for key in TEXT_CHUNK_FIELDS:

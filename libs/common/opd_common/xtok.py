@@ -154,11 +154,14 @@ class Aligner:
         self.t_bytes = token_bytes(teacher_tokenizer, teacher_flag)
         self.s_eos, self.t_eos = student_tokenizer.eos_token_id, teacher_tokenizer.eos_token_id
 
-    def __call__(self, response_ids) -> TextAlignment:
+    def __call__(self, response_ids, stopped: bool | None = None) -> TextAlignment:
+        """`stopped`: the response ended on a stop token (finish_reason "stop": the engine stops on every EOS id
+        of the model's generation config, not only the tokenizer's); None: its last id is the tokenizer's EOS."""
         ids = [int(i) for i in response_ids]
+        ends_on_stop = bool(ids) and (ids[-1] == self.s_eos if stopped is None else stopped)
         if self.same_vocab:
-            return self._same(ids)
-        has_eos = bool(ids) and ids[-1] == self.s_eos and self.t_eos is not None
+            return self._same(ids, ends_on_stop)
+        has_eos = ends_on_stop and self.t_eos is not None
         body = ids[:-1] if has_eos else ids
         pieces = [self.s_bytes[i] if 0 <= i < len(self.s_bytes) else b"" for i in body]
         n = len(pieces)
@@ -196,10 +199,10 @@ class Aligner:
                              reason)
 
 
-    def _same(self, ids: list[int]) -> TextAlignment:
-        """The student's own ids, one chunk per token (a final EOS spells no text, as in the other path)."""
+    def _same(self, ids: list[int], ends_on_stop: bool) -> TextAlignment:
+        """The student's own ids, one chunk per token (a final stop token spells no text, as in the other path)."""
         pieces = [self.s_bytes[i] if 0 <= i < len(self.s_bytes) else b"" for i in ids]
-        if ids and ids[-1] == self.s_eos:
+        if ends_on_stop:
             pieces[-1] = b""
         data = b"".join(pieces)
         ends = np.arange(1, len(ids) + 1, dtype=np.int32)
@@ -228,4 +231,9 @@ def teacher_prompt_ids(rec: dict, student_tokenizer, teacher_tokenizer) -> np.nd
     markup included), tokenized by the teacher. A template renders the teacher's own chat template instead."""
     text = student_tokenizer.decode([int(i) for i in rec["prompt_ids"]], skip_special_tokens=False,
                                     clean_up_tokenization_spaces=False)
-    return np.asarray(teacher_tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
+    ids = list(teacher_tokenizer(text, add_special_tokens=False)["input_ids"])
+    bos = getattr(teacher_tokenizer, "bos_token_id", None)
+    if bos is not None and (not ids or ids[0] != bos) and \
+            list(teacher_tokenizer("x", add_special_tokens=True)["input_ids"])[:1] == [bos]:
+        ids = [bos, *ids]  # a tokenizer that opens every text with BOS (Llama, Gemma, Mistral) reads it here too
+    return np.asarray(ids, np.int32)

@@ -5,6 +5,7 @@ Teachers with another tokenizer). The alignment itself is opd_common.xtok."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +35,7 @@ class AlignCounts:
         self.unaligned_tokens += n_student - covered
         if al.status != "ok":
             setattr(self, al.status, getattr(self, al.status) + 1)
-            key = al.reason.split(" (")[0].split(" at byte")[0]
+            key = re.sub(r"^\d+ ", "N ", al.reason.split(" (")[0].split(" at byte")[0])  # one entry per kind
             self.reasons[key] = self.reasons.get(key, 0) + 1
 
     def line(self, name: str) -> str:
@@ -51,7 +52,7 @@ def text_sequences(aligner: Aligner, window, contexts: list[np.ndarray],
     """Each record's alignment and the teacher's sequence (its context + its tokens of the response text)."""
     aligns, seqs = [], []
     for (rec, _), ctx in zip(window, contexts, strict=True):
-        al = aligner(rec["response_ids"])
+        al = aligner(rec["response_ids"], rec.get("finish_reason") == "stop")
         counts.add(al, len(rec["response_ids"]))
         aligns.append(al)
         seqs.append(Sequence(ctx, al.teacher_ids))

@@ -127,7 +127,8 @@ class Scorer:
             return
         if cfg.follow:
             raise ConfigError(f"{flag} has another tokenizer than the student's ({student_name}) and --follow "
-                              f"{cfg.follow} gives teachers the student's adapters; drop --follow for this teacher")
+                              f"{cfg.follow} gives teachers the student's adapters; score this teacher in an "
+                              "opd-score stage of its own, without --follow")
         if cfg.at_student_topk:
             raise ConfigError(f"{flag} has another tokenizer than the student's ({student_name}): "
                               "--at-student-topk reads the teacher at the student's ids; use --topk K instead")

@@ -161,7 +161,7 @@ def _build_uld(obj, ex, rec, where, config, render) -> None:
     if src.get("topk_logprobs") is None:
         raise _missing(where, f"teachers.{name} has no {'' if text is None else 'text.'}topk_logprobs", config,
                        obj.hint)
-    top = np.exp(_f32(src["topk_logprobs"]))
+    top = -np.sort(-np.exp(_f32(src["topk_logprobs"])), axis=-1)  # sorted: --at-student-topk is in the student's order
     if text is not None and top.size == 0 and text.get("k"):  # a refused record read from JSON: [] has no width
         top = top.reshape(0, int(text["k"]))
     T = len(rec["response_ids"])
