@@ -114,10 +114,10 @@ def test_text_samples_align_with_a_teacher_with_another_tokenizer(tiny_model, pl
 
     student, teacher = load_tokenizer(str(tiny_model)), load_tokenizer(str(planted["vocab"]))
     texts = ["The answer is $\\boxed{1234}$.", "  two  spaces, 3.14 and é"]
-    samples = [{"response_ids": np.asarray(student(t, add_special_tokens=False)["input_ids"] + [student.eos_token_id])}
-               for t in texts]
+    samples = [{"response_ids": np.asarray(student(t, add_special_tokens=False)["input_ids"] + [student.eos_token_id]),
+                "finish_reason": "stop"} for t in texts]
     ctx = SimpleNamespace(config=SimpleNamespace(loss="rkl"), samples=lambda: samples,
-                          student_tokenizer=lambda: student)
+                          student_tokenizer=lambda: student, same_vocab=lambda label: False)
     result = check_text_teacher(ctx, "--teacher x=X", teacher)
     assert result.status == "PASS", result
     assert result.values == {"aligned": 2, "partial": 0, "refused": 0, "tokens": sum(len(s["response_ids"])
@@ -184,3 +184,45 @@ def test_config_errors_name_the_flag(tiny_model):
                                           "opd-score) or --self-teacher TEMPLATE (fkl)")
     result = CliRunner().invoke(command, ["--model", str(tiny_model), "--loss", "sft", "--limit", "0"])
     assert result.exit_code == 1 and "--limit must be >= 1, got 0" in result.output
+
+
+def test_a_vocabulary_with_extra_ids_fails_as_opd_score_refuses_it():
+    """The 1,024-id BPE's ids are the first 1,024 of the 2,048-id one: shared ids agree, but opd-score scores ids
+    only with the whole vocabulary, so the preflight must not pass it."""
+    from opd_check.tokenizers import check_pair
+
+    from opd_common.tiny import build_tokenizer
+
+    big, small = build_tokenizer(split_digits=True), build_tokenizer(vocab_size=1024, split_digits=True)
+    result = check_pair("--teacher t=T", big, small, as_is=True)
+    assert result.status == "FAIL" and "shared ids agree; 1024 ids only the student has, 0 only the teacher" in \
+        result.figure
+    assert "use --align auto" in result.fix
+    assert check_pair("--shift post=P", big, big, as_is=True).status == "PASS"
+
+
+def test_a_tokenizer_without_a_chat_template_has_no_prefix():
+    from opd_check.tokenizers import generation_prefix
+
+    from opd_common.tiny import build_tokenizer
+
+    tok = build_tokenizer(vocab_size=512)
+    tok.chat_template = None
+    assert generation_prefix(tok, True) is None
+
+
+def test_a_check_that_crashes_or_lacks_samples_is_a_line_not_a_traceback(monkeypatch):
+    from opd_check import run
+
+    def crash(ctx):
+        raise ValueError("boom")
+
+    def needs_samples(ctx):
+        raise run.NoSamples("opd-rollout exited with 1: --model M: cannot load it")
+
+    monkeypatch.setattr(run, "checks", lambda: [("a", crash), ("b", needs_samples), ("c", needs_samples)])
+    results = run.run_checks(object())
+    assert [(r.check, r.status) for r in results] == [("a", "FAIL"), ("rollout", "FAIL"), ("b", "SKIP"),
+                                                      ("c", "SKIP")]
+    assert results[0].figure == "the check crashed: ValueError: boom"
+    assert results[1].figure == "opd-rollout exited with 1: --model M: cannot load it"

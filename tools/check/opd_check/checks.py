@@ -46,12 +46,12 @@ def check_text_teacher(ctx, label: str, tokenizer) -> Result:
                       f"text) but --loss {cfg.loss} reads the teacher at the student's token ids",
                       f"use --loss {' or '.join(TEXT_LOSSES)} (aligned chunks), or a teacher with the student's "
                       "tokenizer")
-    aligner = Aligner(ctx.student_tokenizer(), tokenizer, label)
+    aligner = Aligner(ctx.student_tokenizer(), tokenizer, label, same_vocab=ctx.same_vocab(label))
     counts = {"ok": 0, "partial": 0, "refused": 0}
     covered = total = 0
     reason = ""
     for rec in ctx.samples():
-        al = aligner(rec["response_ids"])
+        al = aligner(rec["response_ids"], rec.get("finish_reason") == "stop")
         counts[al.status] += 1
         total += len(rec["response_ids"])
         covered += int(al.student_end[-1]) if len(al.student_end) else 0
@@ -78,25 +78,36 @@ def check_rendering(ctx) -> Result:
     prefix = generation_prefix(student, cfg.thinking == "on")
     parts = [Result("rendering", "PASS", f"{rec['id']}: student prompt {len(rec['prompt_ids'])} tokens",
                     details=[f"student prompt (thinking {cfg.thinking}): {_ends(prompt)}"])]
-    if not prompt.endswith(prefix):
+    if prefix is not None and not prompt.endswith(prefix):
         parts.append(Result("rendering", "FAIL", f"the student prompt does not end with its template's assistant "
                             f"prefix {prefix!r}", "render prompts with the model's chat template (opd-rollout does)"))
-    response = student.decode(rec["response_ids"])
+    response, verbatim = student.decode(rec["response_ids"]), False
     for label, context_ids, tokenizer, thinking in ctx.teacher_contexts(rec):
-        text = tokenizer.decode(context_ids)
         parts.append(Result("rendering", "PASS", "", details=[
-            f"{label} prompt ({len(context_ids)} tokens, thinking {thinking}): {_ends(text)}",
-            f"{label} reads the response after {generation_prefix(tokenizer, thinking == 'on')!r}"]))
+            f"{label} prompt ({len(context_ids)} tokens, thinking {thinking}): {_ends(tokenizer.decode(context_ids))}",
+            f"{label} reads the response {_after(ctx, label, tokenizer, thinking)}"]))
+        if ctx.over_text(label):
+            continue
+        verbatim = True
         theirs = tokenizer.decode(rec["response_ids"])
-        if not ctx.over_text(label) and theirs != response:
+        if theirs != response:
             at = next((i for i, (a, b) in enumerate(zip(response, theirs, strict=False)) if a != b),
                       min(len(response), len(theirs)))
             parts.append(Result("rendering", "FAIL", f"{label} reads the student's response ids as other text "
                                 f"(from character {at}: {theirs[at:at + 20]!r} vs {response[at:at + 20]!r})",
                                 "teacher and student must share a tokenizer (see the tokenizers check)"))
-    if len(parts) > 1 or cfg.teacher or cfg.shift or cfg.self_teacher:
+    if verbatim:
         parts[0].figure += f"; teachers score its {len(rec['response_ids'])} response ids verbatim"
     return merge("rendering", parts)
+
+
+def _after(ctx, label: str, tokenizer, thinking: str) -> str:
+    """What a teacher's context ends with before the response."""
+    if ctx.over_text(label):
+        how = "the student's prompt, as text" if ctx.config.teacher_prompt == "as-is" else "its own prompt"
+        return f"as text in its own tokens, after {how}"
+    prefix = generation_prefix(tokenizer, thinking == "on")
+    return "after its prompt (no chat template)" if prefix is None else f"after {prefix!r}"
 
 
 def temperature_result(cfg) -> Result | None:

@@ -16,6 +16,10 @@ from .report import Result, as_json, text
 log = logging.getLogger("opd-check")
 
 
+class NoSamples(OpdError):
+    """opd-rollout gave no samples: the checks that read them are skipped."""
+
+
 class Context:
     """What the checks share, each piece made once when first asked for: tokenizers, the samples, forwards."""
 
@@ -23,6 +27,7 @@ class Context:
         self.config, self.inputs, self.work = config, inputs, work
         self._tokenizers: dict = {}
         self._samples: list[dict] | None = None
+        self.sample_error: str | None = None  # why opd-rollout gave no samples
         self._forwards: dict = {}
         self._logits: dict = {}  # (forward, record id) -> log-probs of the sampled tokens
 
@@ -47,17 +52,20 @@ class Context:
                                                                                strict=True)]
         return sides
 
-    def over_text(self, label: str) -> bool:
-        """Whether opd-score scores this teacher over the response text (another tokenizer, or --align text)
-        rather than at the student's token ids."""
-        from .tokenizers import compare_vocab
+    def same_vocab(self, label: str) -> bool:
+        """Whether a teacher's vocabulary is the student's, as opd-score decides it (the whole id map)."""
+        if label.startswith("--self-teacher"):
+            return True
+        side = next(s for s in self.teacher_sides() if s[0] == label)
+        return self.student_tokenizer().get_vocab() == self.tokenizer(side[1], side[2]).get_vocab()
 
+    def over_text(self, label: str) -> bool:
+        """Whether opd-score scores this teacher over the response text (another tokenizer with --align auto,
+        or --align text) rather than at the student's token ids."""
         cfg = self.config
         if cfg.align == "ids" or label.startswith(("--shift", "--self-teacher")):
             return False
-        side = next(s for s in self.teacher_sides() if s[0] == label)
-        mismatch, only_s, only_t = compare_vocab(self.student_tokenizer(), self.tokenizer(side[1], side[2]))
-        return cfg.align == "text" or bool(mismatch or only_s or only_t)
+        return cfg.align == "text" or not self.same_vocab(label)
 
     def teacher_contexts(self, rec: dict):
         """(label, context ids, tokenizer, thinking) of each teacher for one record, built as opd-score
@@ -69,7 +77,7 @@ class Context:
         cfg = self.config
         for label, model, revision, _ in self.teacher_sides():
             tokenizer = self.tokenizer(model, revision)
-            if cfg.teacher_prompt == AS_IS and self.over_text(label):  # the student's prompt as text (opd-score)
+            if cfg.teacher_prompt == AS_IS and not self.same_vocab(label):  # the student's prompt as text
                 yield label, teacher_prompt_ids(rec, self.student_tokenizer(), tokenizer), tokenizer, cfg.thinking
             elif cfg.teacher_prompt == AS_IS:
                 yield label, rec["prompt_ids"], tokenizer, cfg.thinking
@@ -90,14 +98,21 @@ class Context:
     # ------------------------------------------------------------------ samples
 
     def samples(self) -> list[dict]:
+        """The records opd-rollout sampled (run once; a failure is remembered: NoSamples, once as a FAIL)."""
         from .stages import sample
 
-        if self._samples is None:
+        if self._samples is None and self.sample_error is None:
             log.info("sampling %d prompts x %d with the %s engine", self.config.limit, self.config.n,
                      self.config.engine)
-            self._samples = sample(self.config, self.inputs, self.work)
-            if not self._samples:
-                raise OpdError("opd-rollout wrote no sample: are the inputs empty?")
+            try:
+                self._samples = sample(self.config, self.inputs, self.work)
+                if not self._samples:
+                    raise OpdError("opd-rollout wrote no sample: are the inputs empty?")
+            except OpdError as exc:
+                self.sample_error = str(exc)
+                raise NoSamples(self.sample_error) from None
+        if self._samples is None:
+            raise NoSamples(self.sample_error)
         return self._samples
 
     def engine_name(self) -> str:
@@ -163,42 +178,44 @@ def checks():
     from .checks import check_adapter, check_logprobs, check_rendering, check_tokenizers
     from .checks_train import check_self, check_stops, check_topk
 
-    return [("tokenizers", check_tokenizers, False), ("rendering", check_rendering, True),
-            ("logprobs", check_logprobs, True), ("adapter", check_adapter, True), ("self", check_self, True),
-            ("topk", check_topk, True), ("stops", check_stops, True)]
+    return [("tokenizers", check_tokenizers), ("rendering", check_rendering), ("logprobs", check_logprobs),
+            ("adapter", check_adapter), ("self", check_self), ("topk", check_topk), ("stops", check_stops)]
+
+
+def run_checks(ctx) -> list[Result]:
+    """Each check's result; a check that cannot run is a FAIL naming why, never a traceback that hides the rest."""
+    results: list[Result] = []
+    for name, check in checks():
+        log.info("check %s", name)
+        try:
+            results.append(check(ctx))
+        except NoSamples as exc:
+            if not any(r.check == "rollout" for r in results):
+                results.append(Result("rollout", "FAIL", str(exc), "run the same opd-rollout command alone"))
+            results.append(Result(name, "SKIP", "no samples (opd-rollout failed)"))
+        except OpdError as exc:
+            results.append(Result(name, "FAIL", str(exc)))
+        except Exception as exc:  # a bug of the check itself: say so, and go on with the others
+            log.exception("check %s", name)
+            results.append(Result(name, "FAIL", f"the check crashed: {type(exc).__name__}: {exc}",
+                                  "a bug in opd-check: please report it with the traceback above (stderr)"))
+    return results
 
 
 def run(config, inputs: list[str]) -> int:
-    """Run every check; print them (stdout); 1 if any failed."""
+    """Run every check; print them (stdout); 1 if any failed. The work folder (samples, the stages' logs) goes
+    unless --keep or a check failed."""
     from opd_common.prompts import resolve_prompt_specs
 
     inputs = resolve_prompt_specs(inputs)
     work = Path(config.keep) if config.keep else Path(tempfile.mkdtemp(prefix="opd-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    ctx = Context(config, inputs, work)
-    results: list[Result] = []
-    no_samples = None
-    try:
-        for name, check, needs_samples in checks():
-            if needs_samples and no_samples:
-                results.append(Result(name, "SKIP", f"no samples ({no_samples})"))
-                continue
-            if needs_samples and ctx._samples is None:
-                try:
-                    ctx.samples()
-                except OpdError as exc:
-                    no_samples = "opd-rollout failed"
-                    results.append(Result("rollout", "FAIL", str(exc), "run the same opd-rollout command alone"))
-                    results.append(Result(name, "SKIP", f"no samples ({no_samples})"))
-                    continue
-            log.info("check %s", name)
-            try:
-                results.append(check(ctx))
-            except OpdError as exc:
-                results.append(Result(name, "FAIL", str(exc)))
-    finally:
-        if not config.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    results = run_checks(Context(config, inputs, work))
+    failed = any(r.status == "FAIL" for r in results)
+    if failed and not config.keep:
+        log.warning("the samples and the stages' logs are kept in %s", work)
+    elif not config.keep:
+        shutil.rmtree(work, ignore_errors=True)
     if config.json:
         import orjson
 
@@ -206,4 +223,4 @@ def run(config, inputs: list[str]) -> int:
     else:
         sys.stdout.write(text(results) + "\n")
     sys.stdout.flush()
-    return 1 if any(r.status == "FAIL" for r in results) else 0
+    return 1 if failed else 0

@@ -46,9 +46,10 @@ def check_pair(label: str, student, teacher, as_is: bool) -> Result:
                             + (", or let opd-score score it over the response text (--align auto, --loss rkl or "
                                "uld)" if label.startswith("--teacher") else "")))
     elif only_s or only_t:
-        parts.append(Result("tokenizers", "WARN", f"{label}: {sizes}, shared ids agree; {only_s} ids only the "
-                            f"student has, {only_t} only the teacher", "ids one side lacks score as -inf or are "
-                            "never sampled: check that the extra ids are unused (added or padding tokens)"))
+        parts.append(Result("tokenizers", "FAIL", f"{label}: {sizes}, shared ids agree; {only_s} ids only the "
+                            f"student has, {only_t} only the teacher", "opd-score scores ids only with the "
+                            "student's whole vocabulary" + (": use --align auto (over the response text, --loss rkl "
+                                                            "or uld)" if label.startswith("--teacher") else "")))
     else:
         parts.append(Result("tokenizers", "PASS", f"{label}: same {len(student)} ids"))
     for name in ("eos_token", "pad_token"):
@@ -72,9 +73,11 @@ def check_pair(label: str, student, teacher, as_is: bool) -> Result:
     return merge("tokenizers", parts)
 
 
-def generation_prefix(tokenizer, thinking: bool) -> str:
+def generation_prefix(tokenizer, thinking: bool) -> str | None:
     """The text a chat template puts between the user's message and the response (its assistant header, with
-    an empty think block when thinking is off): the common suffix of two renders."""
+    an empty think block when thinking is off): the common suffix of two renders. None without a template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
     renders = [tokenizer.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
                                              add_generation_prompt=True, enable_thinking=thinking)
                for m in ("QQQ1", "QQQ2")]
