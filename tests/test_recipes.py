@@ -100,14 +100,17 @@ def test_opd(tiny_model, tiny_teacher, tmp_path):
     assert "opd-check: " in done.stderr and " 0 fail, " in done.stderr
 
 
-def test_a_failing_preflight_stops_the_recipe_before_any_training(tiny_model, tmp_path):
-    from opd_common.tiny import build_tiny
+def test_a_failing_preflight_stops_the_recipe_before_any_training(tiny_model, tiny_teacher, tmp_path):
+    import shutil
 
-    other = build_tiny(tmp_path / "digits", seed=1, split_digits=True)  # another vocabulary
+    other = shutil.copytree(tiny_teacher, tmp_path / "teacher")  # the same vocabulary, another chat template
+    jinja = other / "chat_template.jinja"
+    jinja.write_text(jinja.read_text().replace("<|im_start|>assistant", "<|im_start|>bot"))
     out = tmp_path / "run"
     done = run_recipe("opd", out, "--model", str(tiny_model), "--teacher", str(other), "--group-size", "2")
     assert done.returncode == 1 and done.stdout == ""
-    assert f"FAIL  tokenizers --teacher t={other}: vocab 2048 vs 2048, first id read differently" in done.stderr
+    assert f"FAIL  tokenizers --teacher t={other}: same 2048 ids; --teacher t={other}: chat templates differ at " \
+           "line 1, column " in done.stderr
     assert done.stderr.rstrip().endswith("Error: opd-check found a mismatch (above); fix it, or skip the preflight "
                                          "with --no-check")
     assert not out.exists()  # no trainer ran
