@@ -66,6 +66,7 @@ def check_self(ctx) -> Result:
     from .stages import train_one_step
 
     records, options = _self_records(ctx)
+    options.setdefault("batch_size", len(records))
     path = ctx.work / "self.jsonl"
     path.write_bytes(b"".join(encode(r) for r in records))
     metrics = train_one_step(cfg, path, ctx.work, options)
@@ -118,12 +119,10 @@ def check_topk(ctx) -> Result:
                       else "--self-teacher: the full vocabulary, no truncation")
     import torch
 
-    from .tokenizers import compare_vocab
-
     teacher = cfg.teachers[0]
     label = f"--teacher {teacher.name}={teacher.model}"
-    if compare_vocab(ctx.student_tokenizer(), ctx.tokenizer(teacher.model, teacher.revision))[0]:
-        return Result("topk", "SKIP", f"{label} reads ids differently (tokenizers check): no shared top-k")
+    if not ctx.same_vocab(label):
+        return Result("topk", "SKIP", f"{label} has another vocabulary (tokenizers check): no shared top-k")
     vocab = None
     tails: dict[int, list[float]] = {}
     errors: dict[int, list[float]] = {}

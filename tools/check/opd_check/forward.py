@@ -3,8 +3,6 @@ an adapter folder holds."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 
@@ -33,27 +31,15 @@ class Forward:
         self.lm = None
 
 
-def adapter_weights(adapter: str) -> dict:
-    """The tensors of a peft adapter folder (adapter_model.safetensors or .bin), as numpy float32."""
-    path = Path(adapter)
-    if (path / "adapter_model.safetensors").exists():
-        from safetensors.numpy import load_file
-
-        return {k: v.astype(np.float32) for k, v in load_file(path / "adapter_model.safetensors").items()}
-    import torch
-
-    state = torch.load(path / "adapter_model.bin", map_location="cpu", weights_only=True)
-    return {k: v.float().numpy() for k, v in state.items()}
-
-
 def unmatched_lora_keys(adapter: str, model: str, revision: str | None) -> tuple[list[str], int, int]:
     """LoRA tensors of the folder that name no module of the model (peft would leave those layers at zero), the
     number of non-zero lora_B tensors, and the number of lora_B tensors. The model is built on the meta device:
     no weights are read."""
     import torch
+    from peft import load_peft_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    weights = adapter_weights(adapter)
+    weights = {k: v.float().numpy() for k, v in load_peft_weights(adapter, device="cpu").items()}
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model, revision=revision))
     names = {name for name, _ in lm.named_modules()}

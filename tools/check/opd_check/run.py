@@ -26,6 +26,7 @@ class Context:
     def __init__(self, config, inputs: list[str], work: Path):
         self.config, self.inputs, self.work = config, inputs, work
         self._tokenizers: dict = {}
+        self._same: dict[str, bool] = {}  # teacher label -> same vocabulary as the student
         self._samples: list[dict] | None = None
         self.sample_error: str | None = None  # why opd-rollout gave no samples
         self._forwards: dict = {}
@@ -53,11 +54,14 @@ class Context:
         return sides
 
     def same_vocab(self, label: str) -> bool:
-        """Whether a teacher's vocabulary is the student's, as opd-score decides it (the whole id map)."""
+        """Whether a teacher's vocabulary is the student's, as opd-score decides it (the whole id map; once per
+        teacher: a real vocabulary's map is 150k entries)."""
         if label.startswith("--self-teacher"):
             return True
-        side = next(s for s in self.teacher_sides() if s[0] == label)
-        return self.student_tokenizer().get_vocab() == self.tokenizer(side[1], side[2]).get_vocab()
+        if label not in self._same:
+            side = next(s for s in self.teacher_sides() if s[0] == label)
+            self._same[label] = self.student_tokenizer().get_vocab() == self.tokenizer(side[1], side[2]).get_vocab()
+        return self._same[label]
 
     def over_text(self, label: str) -> bool:
         """Whether opd-score scores this teacher over the response text (another tokenizer with --align auto,

@@ -57,12 +57,13 @@ def sample(config, inputs: list[str], work: Path) -> list[dict]:
 
 
 def train_one_step(config, records_path: Path, work: Path, options: dict) -> dict:
-    """opd-train --max-steps 1 over the records (lr 0: the run's weights do not move); its metrics."""
+    """opd-train --max-steps 1 over the records (lr 0: the run's weights do not move); its metrics. `options`
+    hold the objective's flags and the batch (--batch-size or --batch-groups)."""
     import orjson
 
     run = work / "train-run"
     base = {"model": config.model, "revision": config.revision, "out": str(run), "overwrite": True,
-            "max_steps": 1, "batch_size": sum(1 for _ in open(records_path, "rb")), "lr": 0.0, "quiet": True,
+            "max_steps": 1, "lr": 0.0, "quiet": True,
             "dtype": config.dtype if config.dtype != "float16" else "auto", "device": config.device,
             "loss": config.loss}
     run_stage("train", base | options, [str(records_path)], work)
