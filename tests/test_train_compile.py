@@ -120,4 +120,4 @@ def test_compiled_student_stops_compiling_after_warm_up(tiny_model, monkeypatch)
                                              [(4, 5, 9), (17, 28, 130), (9, 9, 9), (3, 50, 70)])]
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert after == [warm] * 3, f"graphs after warm-up {warm}, then {after}"
-    assert warm <= 10
+    assert warm <= 12  # the layers share their graphs (compile_decoder): 11 here, whatever the layer count
