@@ -18,7 +18,9 @@ case "${1:-}" in
     echo "started: pid $!" ;;
   wait)
     end=$(( $(date +%s) + ${2:-500} ))
-    while [ "$(date +%s)" -lt "$end" ] && pgrep -f bench_loop_gpu.py >/dev/null; do sleep 5; done
+    # the JSON is copied as it grows (rewritten after every run): a call cut short still brings back the runs done
+    while [ "$(date +%s)" -lt "$end" ] && pgrep -f bench_loop_gpu.py >/dev/null; do
+      cp /tmp/bench/loop_gpu.json "$OUT/" 2>/dev/null; sleep 5; done
     pgrep -f bench_loop_gpu.py >/dev/null && echo "still running" || echo "finished"
     cp /tmp/bench/loop_gpu.json "$OUT/" 2>/dev/null
     tail -c 200000 /tmp/bench/log.txt > "$OUT/log.txt"
