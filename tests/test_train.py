@@ -402,6 +402,19 @@ def test_two_ranks_under_accelerate_launch_match_one_process(scored, tiny_model,
     PeftModel.from_pretrained(load_model(tiny_model), tmp_path / "two" / "checkpoint-000003")  # a plain peft adapter
 
 
+@pytest.mark.slow  # one process, then a launch of two, each compiling: ~45 s on 2 cores
+def test_fsdp_with_compiled_layers_matches_one_process(scored, tiny_model, tmp_path):
+    """--compile compiles each decoder layer in place (compile_decoder), and FSDP2 then shards those layers:
+    its hooks run in the compiled layers, and the run still equals one compiled process's."""
+    args = [*base_args(tiny_model, None, "--loss", "shift", "--max-steps", "3", "--batch-size", "5",
+                       "--save-every", "2", "--micro-batch-tokens", "300"), "--device", "cpu", "--quiet", "--compile",
+            "--out"]
+    ok(train(*args, str(tmp_path / "one"), str(scored)))
+    done = launch(tmp_path, "fsdp", *args, str(tmp_path / "two"), str(scored))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(tmp_path / "one", tmp_path / "two", "fsdp")
+
+
 @pytest.mark.slow  # one process, then two launches of two: ~35 s on 2 cores
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
 def test_two_ranks_resume_and_a_rank_without_records(scored, tiny_model, tmp_path, kind):
