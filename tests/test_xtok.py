@@ -249,3 +249,22 @@ def test_uld_value_gradient_and_zero_at_equal_sorted_probabilities():
     # the student's own sorted top-k (in any order of its ids: only the sorted values matter) gives 0
     own = torch.sort(torch.softmax(logits.detach(), -1), descending=True).values[:, :3]
     assert float(L.uld(logits.detach()[:, torch.randperm(9, generator=gen)], own, weight, 5).loss) < 1e-7
+
+
+def test_a_tokenizer_of_unknown_bytes_is_named_by_the_callers_flag(toks):
+    """A word-level tokenizer has no byte decoder: the error names the flag of the side it came from, the student's
+    as the caller spells it (opd-score --student-tokenizer, opd-check --model)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from opd_common.errors import ConfigError
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "b": 1, "[UNK]": 2}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    words = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="[UNK]")
+    with pytest.raises(ConfigError, match=r"^--model: its tokenizer is neither byte-level BPE"):
+        Aligner(words, toks["plain"], "--teacher t=T", student_flag="--model")
+    with pytest.raises(ConfigError, match=r"^--student-tokenizer: "):
+        Aligner(words, toks["plain"], "--teacher t=T")
+    with pytest.raises(ConfigError, match=r"^--teacher t=T: "):
+        Aligner(toks["plain"], words, "--teacher t=T", student_flag="--model")

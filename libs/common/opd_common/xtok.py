@@ -146,11 +146,13 @@ def _refused(reason: str) -> TextAlignment:
 class Aligner:
     """Aligns a student's response ids to a teacher tokenizer's tokens of the same text."""
 
-    def __init__(self, student_tokenizer, teacher_tokenizer, teacher_flag: str, same_vocab: bool = False):
+    def __init__(self, student_tokenizer, teacher_tokenizer, teacher_flag: str, same_vocab: bool = False,
+                 student_flag: str = "--student-tokenizer"):
+        """`teacher_flag` / `student_flag`: the flags an error about either tokenizer names (the caller's own)."""
         self.same_vocab = same_vocab  # keep the student's ids: one chunk per token (module docstring)
         self.student = student_tokenizer
         self.teacher = teacher_tokenizer
-        self.s_bytes = token_bytes(student_tokenizer, "--student-tokenizer")
+        self.s_bytes = token_bytes(student_tokenizer, student_flag)
         self.t_bytes = token_bytes(teacher_tokenizer, teacher_flag)
         self.s_eos, self.t_eos = student_tokenizer.eos_token_id, teacher_tokenizer.eos_token_id
 

@@ -46,7 +46,8 @@ def check_text_teacher(ctx, label: str, tokenizer) -> Result:
                       f"text) but --loss {cfg.loss} reads the teacher at the student's token ids",
                       f"use --loss {' or '.join(TEXT_LOSSES)} (aligned chunks), or a teacher with the student's "
                       "tokenizer")
-    aligner = Aligner(ctx.student_tokenizer(), tokenizer, label, same_vocab=ctx.same_vocab(label))
+    aligner = Aligner(ctx.student_tokenizer(), tokenizer, label, same_vocab=ctx.same_vocab(label),
+                      student_flag="--model")
     counts = {"ok": 0, "partial": 0, "refused": 0}
     covered = total = 0
     reason = ""
