@@ -204,3 +204,14 @@ def test_at_student_topk_refuses_another_tokenizer_in_one_line(records, tiny_mod
     assert error_of(score("--teacher", f"x={other_teacher}", "--at-student-topk", str(records))) == (
         f"Error: --teacher x={other_teacher} has another tokenizer than the student's ({tiny_model}): "
         "--at-student-topk reads the teacher at the student's ids; use --topk K instead\n")
+
+
+def test_data_parallel_workers_report_one_count_line_per_teacher(records, other_teacher, caplog):
+    """--data-parallel 2 with windows of one record: the workers' alignment counts reach the parent, which logs the
+    same single line as one process (not one line per worker)."""
+    ok(score("--teacher", f"x={other_teacher}", "--topk", "4", str(records)))
+    single = [m for m in caplog.messages if m.startswith("teacher x (another tokenizer)")]
+    caplog.clear()
+    ok(score("--teacher", f"x={other_teacher}", "--topk", "4", "--window", "1", "--data-parallel", "2", str(records)))
+    parallel = [m for m in caplog.messages if m.startswith("teacher x (another tokenizer)")]
+    assert len(single) == 1 and parallel == single

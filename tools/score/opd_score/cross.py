@@ -46,6 +46,30 @@ class AlignCounts:
             text += "; " + "; ".join(f"{n} x {r}" for r, n in sorted(self.reasons.items()))
         return text
 
+    def merge(self, other: AlignCounts) -> None:
+        """Add another process's counts (--data-parallel workers each count their own windows)."""
+        for name in ("records", "refused", "partial", "student_tokens", "unaligned_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for reason, n in other.reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + n
+
+
+def log_counts(counts_of: dict[str, AlignCounts]) -> None:
+    """One line per teacher with another tokenizer, at the end of a run: a warning (shown under --quiet) when some
+    records got no or partial signal."""
+    for name, counts in counts_of.items():
+        if counts.records:
+            (log.warning if counts.refused or counts.partial else log.info)(counts.line(name))
+
+
+def merge_counts(parts: list[dict[str, AlignCounts]]) -> dict[str, AlignCounts]:
+    """The workers' counts per teacher, summed."""
+    total: dict[str, AlignCounts] = {}
+    for part in parts:
+        for name, counts in part.items():
+            total.setdefault(name, AlignCounts()).merge(counts)
+    return total
+
 
 def text_sequences(aligner: Aligner, window, contexts: list[np.ndarray],
                    counts: AlignCounts) -> tuple[list[TextAlignment], list[Sequence]]:

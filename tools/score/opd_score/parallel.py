@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from opd_common.errors import ConfigError
 
 _STOP = None
+_COUNTS = "counts"  # a worker's last message: its alignment counts per teacher (cross.AlignCounts)
 
 
 def worker_devices(config, n: int) -> list[dict]:
@@ -57,8 +58,9 @@ def _worker(rank: int, config, setup: dict, tasks, results) -> None:
                     scorer.open(window[0][0])
                 scorer.score(window)
                 results.put((number, rank, window))
+            results.put((_COUNTS, rank, scorer.align_counts))  # the parent logs the sum over workers
         finally:
-            scorer.close()
+            scorer.close(report=False)
     except BaseException as exc:  # the parent re-raises it
         try:
             results.put((None, rank, exc))
@@ -117,9 +119,31 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
             raise fed["error"]
         for _ in procs:
             tasks.put(_STOP)
+        _log_worker_counts(results, procs)
         for p in procs:
             p.join(timeout=60)
     finally:
         for p in procs:
             if p.is_alive():
                 p.terminate()
+
+
+def _log_worker_counts(results, procs) -> None:
+    """After _STOP: each worker's alignment counts, logged once per teacher as one process logs them."""
+    parts, waiting = [], len(procs)
+    while waiting:
+        try:
+            number, rank, payload = results.get(timeout=0.2)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        if isinstance(payload, BaseException):
+            raise payload
+        if number == _COUNTS:
+            parts.append(payload)
+            waiting -= 1
+    if any(parts):
+        from .cross import log_counts, merge_counts
+
+        log_counts(merge_counts(parts))

@@ -135,10 +135,13 @@ class Scorer:
         self.aligners[name] = Aligner(self.student, tok, flag, same_vocab=same)
         self.align_counts[name] = AlignCounts()
 
-    def close(self) -> None:
-        for name, counts in self.align_counts.items():
-            if counts.records:  # a warning (shown under --quiet) when some records got no or partial signal
-                (log.warning if counts.refused or counts.partial else log.info)(counts.line(name))
+    def close(self, report: bool = True) -> None:
+        """Release the teachers; `report`: log the alignment counts (a --data-parallel worker sends them to the
+        parent instead, which logs the sum)."""
+        if report and self.align_counts:
+            from .cross import log_counts
+
+            log_counts(self.align_counts)
         if self.grader is not None:
             self.grader.__exit__(None, None, None)
         for engine in list(self.teachers.values()) + list(self.shift_models or ()):
