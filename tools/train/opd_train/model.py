@@ -83,7 +83,7 @@ def compile_decoder(decoder):
     """--compile's decoder: each of its layers compiled in place (regional compilation: the layers share one code
     object, so one compiled graph per grad mode and batch regime serves all of them, and a new regime compiles one
     layer, not the whole stack), or the whole decoder where it has no `layers` list. In place, so parameter names
-    (the adapter's keys) do not change. On a 28-layer model this compiles in a sixth of the time of the whole
+    (the adapter's keys) do not change. On a 28-layer model this compiles in a fifth of the time of the whole
     decoder, with the same step time (docs/benchmarks.md)."""
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
