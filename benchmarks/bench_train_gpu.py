@@ -103,7 +103,8 @@ def main() -> int:
                               gradient_checkpointing="ckpt" in variant)
             trainer = Trainer(cfg, device=device, lm=lm)
             # opsd: the self-teacher's forward (2N a token of its prompt and the response) counted too
-            flops = sum(4 * params * len(ex.response_ids) + 2 * params * (len(ex.teacher_context) + len(ex.response_ids))
+            flops = sum(4 * params * len(ex.response_ids)
+                        + 2 * params * (len(ex.teacher_context) + len(ex.response_ids))
                         for ex in examples) if opsd else 0
             row = {"variant": variant, "micro_batch_records": micro, "logit_chunk": args.logit_chunk,
                    "parameters": params}
