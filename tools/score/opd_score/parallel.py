@@ -10,6 +10,7 @@ A feeder thread reads the input, so a scored window goes out while the input pau
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 from collections.abc import Iterator
@@ -98,18 +99,12 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
     threading.Thread(target=feed, daemon=True, name="opd-score-feeder").start()
     done: dict[int, list] = {}
     emitted = 0
+    messages = _messages(results, procs)
     try:
         while fed["total"] is None or emitted < fed["total"]:
-            try:
-                number, rank, payload = results.get(timeout=0.2)
-            except queue.Empty:
-                dead = [p for p in procs if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"scoring worker {dead[0].name} died (exit code {dead[0].exitcode}); "
-                                       "see its messages above") from None
-                continue
-            if isinstance(payload, BaseException):
-                raise payload
+            if (message := next(messages)) is None:
+                continue  # nothing yet: the input may have ended meanwhile
+            number, payload = message
             done[number] = payload
             while emitted in done:
                 yield done.pop(emitted)
@@ -119,7 +114,12 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
             raise fed["error"]
         for _ in procs:
             tasks.put(_STOP)
-        _log_worker_counts(results, procs)
+        # each worker's last message: its alignment counts, logged once per teacher as one process logs them
+        parts = [m[1] for m in itertools.islice(filter(None, messages), len(procs))]
+        if any(parts):
+            from .cross import log_counts, merge_counts
+
+            log_counts(merge_counts(parts))
         for p in procs:
             p.join(timeout=60)
     finally:
@@ -128,22 +128,24 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
                 p.terminate()
 
 
-def _log_worker_counts(results, procs) -> None:
-    """After _STOP: each worker's alignment counts, logged once per teacher as one process logs them."""
-    parts, waiting = [], len(procs)
-    while waiting:
+def _messages(results, procs) -> Iterator[tuple | None]:
+    """(window number or _COUNTS, payload) as workers send them, None after 0.2 s without one; a worker's
+    exception is raised here, and a worker that died without one (killed, out of memory) is named."""
+    gone = 0  # timeouts in a row with every worker gone: the second means no message is left in the pipe
+    while True:
         try:
-            number, rank, payload = results.get(timeout=0.2)
+            number, _rank, payload = results.get(timeout=0.2)
         except queue.Empty:
-            if not any(p.is_alive() for p in procs):
-                break
+            dead = [p for p in procs if not p.is_alive() and p.exitcode != 0]
+            if dead:
+                raise RuntimeError(f"scoring worker {dead[0].name} died (exit code {dead[0].exitcode}); "
+                                   "see its messages above") from None
+            gone = gone + 1 if not any(p.is_alive() for p in procs) else 0
+            if gone == 2:
+                raise RuntimeError("every scoring worker exited before sending its results; "
+                                   "see their messages above") from None
+            yield None
             continue
         if isinstance(payload, BaseException):
             raise payload
-        if number == _COUNTS:
-            parts.append(payload)
-            waiting -= 1
-    if any(parts):
-        from .cross import log_counts, merge_counts
-
-        log_counts(merge_counts(parts))
+        yield number, payload
