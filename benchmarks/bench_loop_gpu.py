@@ -30,6 +30,7 @@ step takes at least (W + B-bar c-bar kv) / BW; the fraction is that floor times 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -211,26 +212,37 @@ def model_shape(model: Path, lora_r: int) -> dict:
 
 
 def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
-    loop, engine, lag = spec.split(":")
-    run_dir, timeline = tmp / f"run-{loop}-{engine}-{lag}", tmp / f"timeline-{loop}-{engine}-{lag}"
+    """One LOOP:ENGINE:LAG[:mps] run; a run that fails is reported (its log's tail) and the next one runs."""
+    loop, engine, lag, *rest = spec.split(":")
+    mps = rest == ["mps"]
+    if rest and not mps:
+        raise SystemExit(f"--runs {spec}: expected LOOP:ENGINE:LAG or LOOP:ENGINE:LAG:mps")
+    name = "-".join([loop, engine, lag, *rest])
+    run_dir, timeline = tmp / f"run-{name}", tmp / f"timeline-{name}"
     for old in (run_dir, timeline):  # a --keep folder from an earlier (interrupted) run: opd-train refuses it
         shutil.rmtree(old, ignore_errors=True)
     cmd = command(loop, engine, int(lag), model, run_dir, args)
     env = dict(os.environ, OPD_TIMELINE=str(timeline))
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    log = tmp / f"log-{loop}-{engine}-{lag}.txt"
+    log = tmp / f"log-{name}.txt"
     print(f"[{spec}] {cmd}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    with open(log, "w") as f:
-        done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=env, stdout=subprocess.DEVNULL, stderr=f,
-                              timeout=args.timeout)
+    try:
+        with open(log, "w") as f, mps_daemon(tmp, env) if mps else contextlib.nullcontext():
+            done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=f, timeout=args.timeout)
+    except (subprocess.TimeoutExpired, RuntimeError) as exc:
+        done = subprocess.CompletedProcess(cmd, -1)
+        log.open("a").write(f"\n{type(exc).__name__}: {exc}\n")
     total = time.perf_counter() - t0
     if done.returncode != 0:
-        raise SystemExit(f"[{spec}] exit {done.returncode}:\n" + log.read_text()[-3000:])
+        print(f"[{spec}] failed (exit {done.returncode}); its log ends:\n" + log.read_text()[-3000:],
+              file=sys.stderr, flush=True)
+        return {"run": spec, "command": cmd, "error": log.read_text()[-3000:], "total_wall_s": round(total, 1)}
     from opd_common.timeline import read
 
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    result = {"run": spec, "loop": loop, "engine": engine, "max_lag": int(lag), "command": cmd,
+    result = {"run": spec, "loop": loop, "engine": engine, "max_lag": int(lag), "mps": mps, "command": cmd,
               "total_wall_s": round(total, 1),
               **analyse(read(timeline), metrics, args.warmup, model_shape(model, 64), bw)}
     print(f"[{spec}] {result['completion_tokens_per_s']:.0f} completion tokens/s, "
@@ -239,10 +251,30 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     return result
 
 
+@contextlib.contextmanager
+def mps_daemon(tmp: Path, env: dict):
+    """NVIDIA's Multi-Process Service for one run: the stages' kernels share the GPU at once instead of
+    taking turns (time slices). The daemon's pipe and log folders are private to the run; it quits after."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise RuntimeError("a :mps run needs nvidia-cuda-mps-control (NVIDIA's driver utilities) on PATH")
+    for key, folder in (("CUDA_MPS_PIPE_DIRECTORY", "mps-pipe"), ("CUDA_MPS_LOG_DIRECTORY", "mps-log")):
+        (tmp / folder).mkdir(exist_ok=True)
+        env[key] = str(tmp / folder)
+    subprocess.run([control, "-d"], env=env, check=True)
+    try:
+        yield
+    finally:
+        subprocess.run([control], input=b"quit\n", env=env, timeout=60)
+
+
 def table(results: list[dict]) -> str:
     lines = ["| run | tokens/s | s/step | decode | adapter | rollout waits | scoring | training | policy share | "
              "snapshot | write (bg) | trainer waits | ratio | roofline |", "|" + "---|" * 14]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['run']} | failed |" + " |" * 12)
+            continue
         s = r["split_seconds_per_step"]
         ratio = r.get("importance_ratio", {}).get("mean", "")
         roof = r["rollout"].get("roofline_fraction", "")
@@ -256,7 +288,8 @@ def table(results: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", default=DEFAULT_RUNS, help="comma-separated LOOP:ENGINE:LAG (loops opsd, opd, dapo)")
+    parser.add_argument("--runs", default=DEFAULT_RUNS,
+                        help="comma-separated LOOP:ENGINE:LAG[:mps] (loops opsd, opd, dapo; :mps: under NVIDIA MPS)")
     parser.add_argument("--tiny", action="store_true", help="tiny CPU models, small shapes (the test's setting)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2, help="steps left out of the figures (engine start, compile)")
@@ -290,7 +323,7 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     print(table(figures["results"]))
     print(json.dumps(figures), file=sys.stderr)
-    return 0
+    return 1 if any("error" in r for r in figures["results"]) else 0
 
 
 if __name__ == "__main__":
