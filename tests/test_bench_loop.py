@@ -16,13 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
+    """Also: a run that cannot run (here `:mps`, NVIDIA's Multi-Process Service, on a machine without it) is
+    reported as failed, the runs after it still run, and the script exits 1."""
     out = tmp_path / "loop.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_loop_gpu.py"), "--tiny", "--runs",
-                           "opsd:hf:1,opd:vllm:1", "--steps", "3", "--warmup", "1", "--json", str(out)],
+                           "opsd:hf:1:mps,opsd:hf:1,opd:vllm:1", "--steps", "3", "--warmup", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 1, done.stderr[-3000:]
     figures = json.loads(out.read_text())
-    assert [r["run"] for r in figures["results"]] == ["opsd:hf:1", "opd:vllm:1"]
+    assert [r["run"] for r in figures["results"]] == ["opsd:hf:1:mps", "opsd:hf:1", "opd:vllm:1"]
+    assert "needs nvidia-cuda-mps-control" in figures["results"].pop(0)["error"]
     for r in figures["results"]:
         assert r["steps_measured"] == 2 and r["completion_tokens"] > 0
         assert r["completion_tokens_per_s"] == pytest.approx(r["completion_tokens"] / r["wall_s"], rel=0.01)
