@@ -10,7 +10,8 @@ the stages' timelines (OPD_TIMELINE, opd_common.timeline):
   dapo  opd-rollout --follow -n 8 | opd-score --reward math | opd-train --loss grpo (16 prompts x 8 samples
         x 1,024; random weights never answer, so dynamic sampling would drop every group: grpo keeps them)
 
-A run is LOOP:ENGINE:LAG (engine vllm or hf, --max-lag). For each: completion tokens/s of the loop (the
+A run is LOOP:ENGINE:LAG (engine vllm or hf, --max-lag), or LOOP:ENGINE:LAG:mps to run it under NVIDIA's
+Multi-Process Service (a daemon private to the run). For each: completion tokens/s of the loop (the
 tokens the trainer trained on in steps warmup+1 .. steps over the wall-clock between the end of step
 `warmup` and the end of the last), seconds per step, the time split per step (union of each stage's spans
 in that window: rollout decode / adapter load / waiting for the trainer, scoring, training, the
