@@ -36,6 +36,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -230,14 +231,14 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     t0 = time.perf_counter()
     try:
         with open(log, "w") as f, mps_daemon(tmp, env) if mps else contextlib.nullcontext():
-            done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=f, timeout=args.timeout)
-    except (subprocess.TimeoutExpired, RuntimeError) as exc:
-        done = subprocess.CompletedProcess(cmd, -1)
-        log.open("a").write(f"\n{type(exc).__name__}: {exc}\n")
+            returncode = run_pipeline(cmd, env, f, args.timeout)
+    except (subprocess.SubprocessError, RuntimeError, OSError) as exc:  # timeout, the MPS daemon's start
+        returncode = -1
+        with open(log, "a") as f:
+            f.write(f"\n{type(exc).__name__}: {exc}\n")
     total = time.perf_counter() - t0
-    if done.returncode != 0:
-        print(f"[{spec}] failed (exit {done.returncode}); its log ends:\n" + log.read_text()[-3000:],
+    if returncode != 0:
+        print(f"[{spec}] failed (exit {returncode}); its log ends:\n" + log.read_text()[-3000:],
               file=sys.stderr, flush=True)
         return {"run": spec, "command": cmd, "error": log.read_text()[-3000:], "total_wall_s": round(total, 1)}
     from opd_common.timeline import read
@@ -250,6 +251,19 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
           f"{result['seconds_per_step']:.2f} s/step "
           f"(total {total:.0f} s)", file=sys.stderr, flush=True)
     return result
+
+
+def run_pipeline(cmd: str, env: dict, stderr, timeout: float) -> int:
+    """The pipeline in its own process group: past `timeout` the whole group goes (a vLLM engine left behind
+    would hold the GPU's memory through the next run)."""
+    proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", cmd], env=env, stdout=subprocess.DEVNULL,
+                            stderr=stderr, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
 
 
 @contextlib.contextmanager
@@ -266,7 +280,10 @@ def mps_daemon(tmp: Path, env: dict):
     try:
         yield
     finally:
-        subprocess.run([control], input=b"quit\n", env=env, timeout=60)
+        try:
+            subprocess.run([control], input=b"quit\n", env=env, timeout=60)
+        except subprocess.TimeoutExpired:
+            print("warning: the MPS daemon did not quit within 60 s", file=sys.stderr, flush=True)
 
 
 def table(results: list[dict]) -> str:
