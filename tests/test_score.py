@@ -8,8 +8,10 @@ test runs the console scripts as a real shell pipeline. The vLLM engine has test
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -639,3 +641,57 @@ def test_data_parallel_worker_errors_reach_the_user(rollouts, tiny_teacher, tmp_
     result = score("--reward", "math", "--window", "1", "--data-parallel", "2", path)
     assert result.exit_code != 0
     assert "record 2 of" in error_of(result) and "no 'answer' field" in error_of(result)
+
+
+def _silent_exit() -> None:  # a worker that ends without a word
+    pass
+
+
+def _killed() -> None:  # a worker the kernel kills (out of memory, say)
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _counts_then_exit(results, rank: int) -> None:
+    results.put(("counts", rank, {"t": rank}))
+
+
+def test_data_parallel_parent_names_a_worker_gone_without_its_results():
+    """The parent's reader of worker messages (opd_score.parallel._messages), with real processes: a
+    worker gone before the parent's stop message is an error even with exit code 0 (its window would
+    never come back: a hang, otherwise); after it, workers that send their counts and exit are read to the
+    end, and a worker killed by a signal is named by its exit code."""
+    import multiprocessing as mp
+
+    from opd_score.parallel import _messages
+
+    ctx = mp.get_context("fork")
+    stop = threading.Event()
+    stop.set()
+
+    def started(*procs):
+        for p in procs:
+            p.start()
+            p.join()
+        return list(procs)
+
+    silent = started(ctx.Process(target=_silent_exit, name="opd-score-worker-0"))
+    with pytest.raises(RuntimeError, match=r"scoring worker opd-score-worker-0 died \(exit code 0\)"):
+        for _ in _messages(ctx.Queue(), silent, threading.Event()):
+            pass
+
+    results = ctx.Queue()
+    done = started(*[ctx.Process(target=_counts_then_exit, args=(results, r)) for r in range(2)])
+    messages = _messages(results, done, stop)
+    got = list(itertools.islice(filter(None, messages), 2))
+    assert sorted(got, key=str) == [("counts", {"t": 0}), ("counts", {"t": 1})]
+    with pytest.raises(RuntimeError, match="every scoring worker exited before sending its alignment counts"):
+        for _ in messages:
+            pass
+
+    killed = started(ctx.Process(target=_killed, name="opd-score-worker-1"))
+    with pytest.raises(RuntimeError, match=r"opd-score-worker-1 died \(exit code -9\)"):
+        for _ in _messages(ctx.Queue(), killed, stop):
+            pass

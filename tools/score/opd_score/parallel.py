@@ -99,7 +99,8 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
     threading.Thread(target=feed, daemon=True, name="opd-score-feeder").start()
     done: dict[int, list] = {}
     emitted = 0
-    messages = _messages(results, procs)
+    stopped = threading.Event()  # set once the workers were told to stop: a worker may end then
+    messages = _messages(results, procs, stopped)
     try:
         while fed["total"] is None or emitted < fed["total"]:
             if (message := next(messages)) is None:
@@ -114,6 +115,7 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
             raise fed["error"]
         for _ in procs:
             tasks.put(_STOP)
+        stopped.set()
         # each worker's last message: its alignment counts, logged once per teacher as one process logs them
         parts = [m[1] for m in itertools.islice(filter(None, messages), len(procs))]
         if any(parts):
@@ -128,21 +130,22 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
                 p.terminate()
 
 
-def _messages(results, procs) -> Iterator[tuple | None]:
-    """(window number or _COUNTS, payload) as workers send them, None after 0.2 s without one; a worker's
-    exception is raised here, and a worker that died without one (killed, out of memory) is named."""
-    gone = 0  # timeouts in a row with every worker gone: the second means no message is left in the pipe
+def _messages(results, procs, stopped) -> Iterator[tuple | None]:
+    """(window number or _COUNTS, payload) as workers send them, None after 0.2 s without one. A worker's
+    exception is raised here; a worker gone before `stopped` is set (the parent sent _STOP), or gone
+    with a failing exit code (killed, out of memory), is named."""
+    gone = 0  # timeouts in a row with every worker gone after _STOP: the second means the pipe holds no more
     while True:
         try:
             number, _rank, payload = results.get(timeout=0.2)
         except queue.Empty:
-            dead = [p for p in procs if not p.is_alive() and p.exitcode != 0]
+            dead = [p for p in procs if not p.is_alive() and (p.exitcode != 0 or not stopped.is_set())]
             if dead:
                 raise RuntimeError(f"scoring worker {dead[0].name} died (exit code {dead[0].exitcode}); "
                                    "see its messages above") from None
             gone = gone + 1 if not any(p.is_alive() for p in procs) else 0
             if gone == 2:
-                raise RuntimeError("every scoring worker exited before sending its results; "
+                raise RuntimeError("every scoring worker exited before sending its alignment counts; "
                                    "see their messages above") from None
             yield None
             continue
