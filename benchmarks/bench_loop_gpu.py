@@ -237,16 +237,22 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
         with open(log, "a") as f:
             f.write(f"\n{type(exc).__name__}: {exc}\n")
     total = time.perf_counter() - t0
-    if returncode != 0:
-        print(f"[{spec}] failed (exit {returncode}); its log ends:\n" + log.read_text()[-3000:],
-              file=sys.stderr, flush=True)
-        return {"run": spec, "command": cmd, "error": log.read_text()[-3000:], "total_wall_s": round(total, 1)}
-    from opd_common.timeline import read
-
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # the MPS daemon's own log: it shows the server started for the run's clients (a client that cannot
+    # reach the daemon runs without MPS)
+    mps_log = mps_log_tail(tmp) if mps else None
     result = {"run": spec, "loop": loop, "engine": engine, "max_lag": int(lag), "mps": mps, "command": cmd,
-              "total_wall_s": round(total, 1),
-              **analyse(read(timeline), metrics, args.warmup, model_shape(model, 64), bw)}
+              "total_wall_s": round(total, 1), **({"mps_log": mps_log} if mps else {})}
+    try:
+        if returncode != 0:
+            raise RuntimeError(f"exit {returncode}")
+        from opd_common.timeline import read
+
+        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        result.update(analyse(read(timeline), metrics, args.warmup, model_shape(model, 64), bw))
+    except (RuntimeError, OSError, ValueError, KeyError) as exc:
+        error = f"{exc}; its log ends:\n{log.read_text()[-3000:]}"
+        print(f"[{spec}] failed: {error}", file=sys.stderr, flush=True)
+        return {**result, "error": error}
     print(f"[{spec}] {result['completion_tokens_per_s']:.0f} completion tokens/s, "
           f"{result['seconds_per_step']:.2f} s/step "
           f"(total {total:.0f} s)", file=sys.stderr, flush=True)
@@ -260,10 +266,17 @@ def run_pipeline(cmd: str, env: dict, stderr, timeout: float) -> int:
                             stderr=stderr, start_new_session=True)
     try:
         return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    finally:  # also on Ctrl-C, and for any stage still running after the pipeline's end
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         proc.wait()
-        raise
+
+
+def mps_log_tail(tmp: Path) -> str:
+    logs = [tmp / "mps-log" / name for name in ("control.log", "server.log")]
+    return "\n".join(f"{f.name}: {f.read_text(errors='replace')[-1000:]}" for f in logs if f.exists())
 
 
 @contextlib.contextmanager
@@ -275,7 +288,7 @@ def mps_daemon(tmp: Path, env: dict):
         raise RuntimeError("a :mps run needs nvidia-cuda-mps-control (NVIDIA's driver utilities) on PATH")
     for key, folder in (("CUDA_MPS_PIPE_DIRECTORY", "mps-pipe"), ("CUDA_MPS_LOG_DIRECTORY", "mps-log")):
         (tmp / folder).mkdir(exist_ok=True)
-        env[key] = str(tmp / folder)
+        env[key] = str((tmp / folder).resolve())
     subprocess.run([control, "-d"], env=env, check=True)
     try:
         yield

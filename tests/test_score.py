@@ -695,3 +695,25 @@ def test_data_parallel_parent_names_a_worker_gone_without_its_results():
     with pytest.raises(RuntimeError, match=r"opd-score-worker-1 died \(exit code -9\)"):
         for _ in _messages(ctx.Queue(), killed, stop):
             pass
+
+
+def test_data_parallel_worker_error_that_cannot_be_pickled_still_reaches_the_parent():
+    """mp.Queue pickles in a background thread and drops what it cannot pickle without a word: a worker's
+    error holding a lock would vanish (the parent would only see a worker gone). It crosses as its traceback."""
+    import pickle
+
+    from opd_score.parallel import _picklable
+
+    class Holding(Exception):
+        def __init__(self):
+            super().__init__("teacher failed")
+            self.lock = threading.Lock()
+
+    try:
+        raise Holding()
+    except Holding as exc:
+        sent = pickle.loads(pickle.dumps(_picklable(exc)))
+    assert isinstance(sent, RuntimeError)
+    assert "Holding: teacher failed" in str(sent) and "raise Holding()" in str(sent)
+    plain = ValueError("record 2: no 'answer' field")
+    assert _picklable(plain) is plain

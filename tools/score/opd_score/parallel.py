@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import queue
+import traceback
 from collections.abc import Iterator
 
 from opd_common.errors import ConfigError
 
 _STOP = None
-_COUNTS = "counts"  # a worker's last message: its alignment counts per teacher (cross.AlignCounts)
+_COUNTS = "counts"  # a worker's last message: its alignment counts per teacher (cross.AlignCounts), or its error
 
 
 def worker_devices(config, n: int) -> list[dict]:
@@ -59,14 +61,22 @@ def _worker(rank: int, config, setup: dict, tasks, results) -> None:
                     scorer.open(window[0][0])
                 scorer.score(window)
                 results.put((number, rank, window))
-            results.put((_COUNTS, rank, scorer.align_counts))  # the parent logs the sum over workers
         finally:
             scorer.close(report=False)
-    except BaseException as exc:  # the parent re-raises it
-        try:
-            results.put((None, rank, exc))
-        except Exception:
-            results.put((None, rank, RuntimeError(f"{type(exc).__name__}: {exc}")))
+        # the last message, once the teachers are released: the parent logs the sum over workers
+        results.put((_COUNTS, rank, scorer.align_counts))
+    except BaseException as exc:  # the parent re-raises it (this worker's last message, in place of the counts)
+        results.put((None, rank, _picklable(exc)))
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """`exc`, or its traceback as a RuntimeError when it cannot cross to the parent (mp.Queue pickles in a
+    background thread, so an unpicklable exception would be dropped without a word)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError("".join(traceback.format_exception(exc)).rstrip())
 
 
 def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
@@ -132,23 +142,26 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
 
 def _messages(results, procs, stopped) -> Iterator[tuple | None]:
     """(window number or _COUNTS, payload) as workers send them, None after 0.2 s without one. A worker's
-    exception is raised here; a worker gone before `stopped` is set (the parent sent _STOP), or gone
-    with a failing exit code (killed, out of memory), is named."""
-    gone = 0  # timeouts in a row with every worker gone after _STOP: the second means the pipe holds no more
+    exception is raised here. A worker gone before `stopped` is set (the parent sent _STOP), or gone with a
+    failing exit code (killed, out of memory), is named, and so is the end of every worker after _STOP: each
+    only after a second empty read, since a message sent just before a worker ended is in the pipe by then."""
+    strikes = 0
     while True:
         try:
             number, _rank, payload = results.get(timeout=0.2)
         except queue.Empty:
             dead = [p for p in procs if not p.is_alive() and (p.exitcode != 0 or not stopped.is_set())]
-            if dead:
+            ended = stopped.is_set() and not any(p.is_alive() for p in procs)
+            strikes = strikes + 1 if dead or ended else 0
+            if strikes == 2 and dead:
                 raise RuntimeError(f"scoring worker {dead[0].name} died (exit code {dead[0].exitcode}); "
                                    "see its messages above") from None
-            gone = gone + 1 if not any(p.is_alive() for p in procs) else 0
-            if gone == 2:
+            if strikes == 2:
                 raise RuntimeError("every scoring worker exited before sending its alignment counts; "
                                    "see their messages above") from None
             yield None
             continue
+        strikes = 0
         if isinstance(payload, BaseException):
             raise payload
         yield number, payload
