@@ -73,8 +73,8 @@ def token_bytes(tokenizer, flag: str) -> list[bytes]:
     kind = _decoder_kind(tokenizer)
     if not kind:
         raise ConfigError(f"{flag}: its tokenizer is neither byte-level BPE nor SentencePiece-style (no ByteLevel, "
-                          "Metaspace or ByteFallback decoder), so its tokens' bytes are unknown; use a teacher with a "
-                          "fast tokenizer of either kind")
+                          "Metaspace or ByteFallback decoder), so its tokens' bytes are unknown; give a model "
+                          "whose fast tokenizer is of either kind")
     size = max(len(tokenizer), max(tokenizer.get_vocab().values()) + 1)
     table = [b""] * size
     byte_of = _byte_level_table()
