@@ -64,7 +64,8 @@ def step(model: str, loss: str, compile: bool, **options) -> tuple[dict, dict]:
     ("sft", {}),
     ("grpo", {"kl_coef": 0.1}),
     ("shift", {}),
-], ids=["fkl-tail", "fkl-tail-tau", "fkl-topk-tau", "rkl", "sft", "grpo", "shift"])
+    ("fkl", {"gradient_checkpointing": True}),  # each compiled layer recomputed in the backward
+], ids=["fkl-tail", "fkl-tail-tau", "fkl-topk-tau", "rkl", "sft", "grpo", "shift", "fkl-checkpointing"])
 def test_compiled_chunk_loss_matches_eager(tiny_model, loss, options):
     torch._dynamo.reset()
     eager_metrics, eager_grads = step(str(tiny_model), loss, False, **options)
