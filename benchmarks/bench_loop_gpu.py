@@ -242,15 +242,17 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     mps_log = mps_log_tail(tmp) if mps else None
     result = {"run": spec, "loop": loop, "engine": engine, "max_lag": int(lag), "mps": mps, "command": cmd,
               "total_wall_s": round(total, 1), **({"mps_log": mps_log} if mps else {})}
-    try:
-        if returncode != 0:
-            raise RuntimeError(f"exit {returncode}")
+    error = f"exit {returncode}" if returncode != 0 else None
+    if error is None:
         from opd_common.timeline import read
 
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        result.update(analyse(read(timeline), metrics, args.warmup, model_shape(model, 64), bw))
-    except (RuntimeError, OSError, ValueError, KeyError) as exc:
-        error = f"{exc}; its log ends:\n{log.read_text()[-3000:]}"
+        try:
+            metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            result.update(analyse(read(timeline), metrics, args.warmup, model_shape(model, 64), bw))
+        except (OSError, ValueError, KeyError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    if error is not None:
+        error += f"; its log ends:\n{log.read_text()[-3000:]}"
         print(f"[{spec}] failed: {error}", file=sys.stderr, flush=True)
         return {**result, "error": error}
     print(f"[{spec}] {result['completion_tokens_per_s']:.0f} completion tokens/s, "

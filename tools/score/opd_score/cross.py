@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -48,8 +48,9 @@ class AlignCounts:
 
     def merge(self, other: AlignCounts) -> None:
         """Add another process's counts (--data-parallel workers each count their own windows)."""
-        for name in ("records", "refused", "partial", "student_tokens", "unaligned_tokens"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for f in fields(self):
+            if isinstance(value := getattr(self, f.name), int):  # the counts; reasons below
+                setattr(self, f.name, value + getattr(other, f.name))
         for reason, n in other.reasons.items():
             self.reasons[reason] = self.reasons.get(reason, 0) + n
 
