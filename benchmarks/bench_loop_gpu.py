@@ -46,7 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "libs" / "common"))
-DEFAULT_RUNS = "opsd:vllm:1,opd:vllm:1,dapo:vllm:1,opsd:hf:1,opsd:vllm:0"
+# opsd:vllm:2 is recipes/opsd.sh at its default lag; the lag-1 and lag-0 runs show what the lag buys
+DEFAULT_RUNS = "opsd:vllm:2,opd:vllm:2,dapo:vllm:1,opsd:vllm:1,opd:vllm:1,opsd:hf:2,opsd:vllm:0"
 SHAPES = {  # loop -> (prompts a step, samples per prompt)
     "opsd": (32, 1), "opd": (32, 1), "dapo": (16, 8),
 }
@@ -324,8 +325,8 @@ def main() -> int:
     parser.add_argument("--runs", default=DEFAULT_RUNS,
                         help="comma-separated LOOP:ENGINE:LAG[:mps] (loops opsd, opd, dapo; :mps: under NVIDIA MPS)")
     parser.add_argument("--tiny", action="store_true", help="tiny CPU models, small shapes (the test's setting)")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=2, help="steps left out of the figures (engine start, compile)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=4, help="steps left out of the figures (engine start, compile)")
     parser.add_argument("--max-tokens", type=int, default=None, help="[default: 1024; 16 with --tiny]")
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--score-token-budget", type=int, default=65536)

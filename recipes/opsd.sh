@@ -7,7 +7,7 @@
 #   recipes/opsd.sh --model Qwen/Qwen3-1.7B --out runs/opsd [--steps 100 --groups 32 ...]
 #
 # Pipeline (no opd-score stage: the trainer computes the teacher itself):
-#   opd-rollout --follow OUT --max-lag 1 | opd-train --loss fkl --self-teacher opsd --max-staleness 1
+#   opd-rollout --follow OUT --max-lag 2 | opd-train --loss fkl --self-teacher opsd --max-staleness 2
 #
 # Seed hyper-parameters (docs/architecture.md, seeds) this recipe (flag, default)
 #   student Qwen3-1.7B + LoRA r64 / alpha 128          --model Qwen/Qwen3-1.7B, --lora-r 64, --lora-alpha 128
@@ -25,13 +25,15 @@
 #     the adapter disabled on the privileged prompt, so the KL is over the full vocabulary exactly as
 #     in the seed, and no teacher tensors cross the pipe. (An opd-score teacher would only give a
 #     top-k approximation; docs/losses.md measures how far that is.)
-#   - --max-lag 1 (default): step s trains on responses sampled by the adapter of step s - 1 or s - 2,
-#     so sampling overlaps training (with vLLM two batches decode at once). Measured on one H200
-#     (docs/benchmarks.md): 5,042 completion tokens/s, 6.5 s a step, and the trainer's importance
-#     ratio (reported, not applied: fkl has none) 0.998; with --share-policy on one H100 5,067 and
-#     0.995. --max-lag 0 is strictly on-policy, as the
-#     seed samples every step (the earlier strict loop measured 1,905 tokens/s there). Each step's
-#     loss is one token mean over the batch.
+#   - --max-lag 2 (default): step s trains on responses sampled by the adapter of step s - 1, s - 2 or
+#     s - 3, so sampling overlaps training and with vLLM three batches (~96 sequences) decode at once.
+#     Measured on one H100 (docs/benchmarks.md, bench_loop_gpu.py, Qwen3-1.7B shape, random weights):
+#     lag 2 7,696 completion tokens/s (4.26 s a step), importance ratio 0.9945 (0.9940-0.9956); lag 1
+#     5,993 (5.47 s), ratio 0.9949 (0.9944-0.9952). The ratio (mean exp(log p_S - log p_behaviour) at
+#     the sampled tokens) is reported, not applied: fkl has none; with random weights at lr 5e-6 the
+#     policy moves little, so watch `ratio` in metrics.jsonl on a real run and lower --max-lag if it
+#     strays from 1. --max-lag 0 is strictly on-policy, as the seed samples every step (the earlier
+#     strict loop measured 1,905 tokens/s on one H200). Each step's loss is one token mean over the batch.
 #   - The optimizer is opd-train's AdamW (constant schedule, no warm-up), weight decay 0.
 #   - Each step's adapter reaches the rollout through opd-train --share-policy (OUT/policy/, no
 #     optimizer state, no fsync); checkpoints for --resume come every --save-every steps (default 10).
@@ -42,7 +44,7 @@
 # stdout: only what opd-train prints (nothing unless --extra-train --metrics-stdout).
 set -euo pipefail
 
-MODEL=Qwen/Qwen3-1.7B; DATA=train-math; STEPS=100; NGROUPS=32; GROUP_SIZE=1; MAX_LAG=1; MAX_TOKENS=1024
+MODEL=Qwen/Qwen3-1.7B; DATA=train-math; STEPS=100; NGROUPS=32; GROUP_SIZE=1; MAX_LAG=2; MAX_TOKENS=1024
 ENGINE=auto; LR=5e-6; LORA_R=64; LORA_ALPHA=128; OUT=; TEACHER=; POST=; PRE=
 . "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 opd_parse "$@"

@@ -65,13 +65,18 @@ def test_max_lag_0_is_strictly_on_policy(tiny_model, tiny_teacher, tmp_path, eng
 
 
 @pytest.mark.slow
-def test_max_lag_1_lets_the_rollout_run_one_step_ahead(tiny_model, tiny_teacher, tmp_path):
-    records, rows = loop(tiny_model, tiny_teacher, tmp_path, "hf", max_lag=1, steps=4)
+@pytest.mark.parametrize("max_lag", [1, 2])
+def test_max_lag_lets_the_rollout_run_that_many_steps_ahead(tiny_model, tiny_teacher, tmp_path, max_lag):
+    """Step s trains on records sampled by checkpoints s - 1 .. s - 1 - L, and batch b waits for no more
+    than checkpoint b - L (recipes/opsd.sh runs at L = 2)."""
+    records, rows = loop(tiny_model, tiny_teacher, tmp_path, "hf", max_lag=max_lag, steps=4)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for step, recs in trained_by_step(records, rows).items():
-        assert {r["policy"]["version"] for r in recs} <= {step - 1, step - 2}, step
+        assert {r["policy"]["version"] for r in recs} <= set(range(step - 1 - max_lag, step)), step
     batch_versions = [records[i]["policy"]["version"] for i in range(0, len(records), 4)]
     assert batch_versions[:2] == [0, 0]  # the second batch did not wait for step 1
-    assert all(v >= b - 1 for b, v in enumerate(batch_versions))
+    assert all(v >= b - max_lag for b, v in enumerate(batch_versions))
+    assert batch_versions == sorted(batch_versions)
 
 
 @pytest.mark.slow

@@ -44,6 +44,7 @@ def test_opsd(tiny_model, tmp_path):
     config = json.loads((out / "config.json").read_text())["config"]
     assert config["loss"] == "fkl" and config["self_teacher"] == "opsd"
     assert config["kl_clip"] == 0.05 and config["loss_temperature"] == 1.1
+    assert config["max_staleness"] == 2  # the recipe's --max-lag 2 (its header gives the measured cost)
     assert all(r["records"] == 2 for r in rows)  # 2 prompts x 1 sample
 
 
