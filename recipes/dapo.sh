@@ -9,7 +9,7 @@
 # Pipeline:
 #   opd-rollout --follow OUT --max-lag 0 --batch-prompts F*G
 #     | opd-score --reward math --grader integer --require-stop --reward-scale pm1 --max-response-tokens L --overlong-buffer B
-#     | opd-train --loss dapo --kl-coef 0.01 --batch-groups G --max-staleness 0
+#     | opd-train --loss dapo --kl-coef 0.01 --batch-groups G --max-staleness 0   (= --max-lag)
 #
 # Seed hyper-parameters (docs/architecture.md, seeds) this recipe (flag, default)
 #   Qwen3-4B-Instruct-2507 + LoRA r16 / alpha 32       --model Qwen/Qwen3-4B-Instruct-2507, --lora-r 16, --lora-alpha 32
@@ -41,6 +41,12 @@
 #   - The dual clip (c = 10 for negative advantages, opd-train's default) is kept; the seed's 8192
 #     context is split as 7168 response + 1024 prompt tokens, with the overlong buffer 1024 (DAPO used
 #     4096 of 20480; the same fifth, rounded).
+#   - --max-lag 0 (default), as the seed: each step samples with the previous step's policy, and
+#     --max-staleness 0 keeps it so (the trainer's --max-staleness follows --max-lag). --max-lag 1
+#     overlaps sampling and training (dapo's clipped ratio corrects for the lag): bench_loop_gpu.py's
+#     DAPO-shaped loop (16 x 8 x 1,024 tokens, grpo, random weights) made 11,704 completion tokens/s
+#     at lag 1 on one H100 (docs/benchmarks.md); lag 0 and the ratio a learning policy gives at lag 1
+#     are not measured on a GPU.
 #
 # First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --engine auto|vllm|hf, --extra-rollout/--extra-score/--extra-train
@@ -63,5 +69,5 @@ opd_check_first --max-model-len "$MODEL_LEN" --temperature 1.0 --thinking off --
   | "${BIN}opd-score" --reward math --grader integer --require-stop --reward-scale pm1 \
     --max-response-tokens "$MAX_TOKENS" --overlong-buffer "$OVERLONG_BUFFER" --quiet "${XS[@]}" \
   | "${BIN}opd-train" --model "$MODEL" --out "$OUT" --max-steps "$STEPS" --batch-groups "$NGROUPS" --save-every "$SAVE_EVERY" --share-policy \
-    --loss dapo --clip-low 0.2 --clip-high 0.28 --kl-coef 0.01 --max-staleness 0 \
+    --loss dapo --clip-low 0.2 --clip-high 0.28 --kl-coef 0.01 --max-staleness "$MAX_LAG" \
     --lora-r "$LORA_R" --lora-alpha "$LORA_ALPHA" --lr "$LR" --warmup-steps 10 --quiet "${XT[@]}"

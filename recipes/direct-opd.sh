@@ -34,6 +34,10 @@
 #     opd-rollout reads (a parquet folder, a datasets folder, hf://datasets/ORG/NAME@REV:SPLIT). The chat
 #     template is applied once by the rollout (--thinking off: Qwen2.5 has no thinking mode, the flag is
 #     ignored by its template).
+#   - --max-lag 0 (default), as the seed: the shift loss has no importance correction, so every
+#     step trains on the previous step's samples only. Its loop's tokens/s is not measured on a GPU
+#     (opd-score's two teachers run on the hf engine); --max-lag 1 overlaps sampling and training as
+#     in opsd.sh and opd.sh (docs/benchmarks.md gives what that bought there).
 #
 # First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --engine auto|vllm|hf (the rollout; opd-score's shift always

@@ -92,6 +92,20 @@ def test_dapo(tiny_model, tmp_path):
     assert rows[1]["records_stale"] == 4  # batch 0 had 2 x 2 groups; step 1 took 2, step 2 dropped 2 (4 records)
 
 
+
+def test_dapo_at_max_lag_1_trains_on_the_batch_before(tiny_model, tmp_path):
+    """--max-lag 1 sets the trainer's --max-staleness to 1 too: step 2 trains on batch 0's leftover groups
+    (sampled by the base, one step behind) instead of dropping them and waiting for a new batch."""
+    out = tmp_path / "run"
+    rows = check_run(run_recipe("dapo", out, "--model", str(tiny_model), "--group-size", "2", "--gen-factor", "2",
+                                "--overlong-buffer", "4", "--max-lag", "1", "--extra-train", "--no-dynamic-sampling",
+                                "--no-check"),
+                     out, ["pg", "records_stale"])
+    assert json.loads((out / "config.json").read_text())["config"]["max_staleness"] == 1
+    assert [r["records_stale"] for r in rows] == [0, 0]
+    assert [r["records_read"] for r in rows] == [4, 8]  # both steps from batch 0's 2 x 2 groups
+
+
 def test_opd(tiny_model, tiny_teacher, tmp_path):
     out = tmp_path / "run"
     done = run_recipe("opd", out, "--model", str(tiny_model), "--teacher", str(tiny_teacher), "--group-size", "2")
