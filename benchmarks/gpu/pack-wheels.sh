@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pack vLLM 0.23.0 (torch 2.11, the H200 machine's own) and the wheels that machine lacks into
-# parts for the device tool: .gpu-parts/p0 .. pN, each under the 64 MiB a call may carry.
+# parts for the device tool: .gpu-parts/p0 .. pN. A call carries 64 MiB with the working tree
+# (~12 MB), so a part is 50 MiB (PART_MIB).
 # Differs from ../shared/gpu/make-parts.sh in three ways: vLLM's wheel is slimmed (kernels a dense
 # model on Hopper never loads: FA2 (FA3 is used on sm90), the MoE ops (imported in a
 # contextlib.suppress), the Rust frontend binary, deep_gemm builds for other Pythons), math-verify
@@ -11,7 +12,7 @@
 set -euo pipefail
 shared=${OPD_SHARED_GPU:-../shared/gpu}
 cache=${GPU_WHEEL_CACHE:-$HOME/.cache/opd-gpu-wheels}; mkdir -p "$cache"
-part_mib=${PART_MIB:-56}
+part_mib=${PART_MIB:-50}
 plat=(--only-binary=:all: --python-version 3.12 --implementation cp)
 for p in 2_35 2_34 2_31 2_28 2_27 2_26 2_24 2_17 2_5; do plat+=(--platform "manylinux_${p}_x86_64"); done
 plat+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
