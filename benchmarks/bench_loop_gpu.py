@@ -16,7 +16,9 @@ tokens the trainer trained on in steps warmup+1 .. steps over the wall-clock bet
 `warmup` and the end of the last), seconds per step, the time split per step (union of each stage's spans
 in that window: rollout decode / adapter load / waiting for the trainer, scoring, training, the
 checkpoint's snapshot and its background write, the trainer waiting for records), the importance ratio
-the trainer saw, and the rollout's fraction of its memory roofline (below).
+the trainer saw, and the rollout's fraction of its memory roofline (below). The JSON also records the
+machine (host CPU and load, GPU limits; benchmarks/machine.py) and, per run, GPU 0's median clocks, power
+and temperature over the measured window (`gpu_during_window`, from nvidia-smi where it exists).
 
     python benchmarks/bench_loop_gpu.py --json docs/figures/loop_gpu.json           # one GPU, 1.7B shape
     python benchmarks/bench_loop_gpu.py --tiny --runs opsd:hf:1,opd:vllm:1 --steps 3 --warmup 1   # CPU
@@ -43,6 +45,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import GpuSampler, gpu, host
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "libs" / "common"))
@@ -167,7 +171,7 @@ def analyse(spans: list[dict], metrics: list[dict], warmup: int, model_shape: di
             split[label] = round(union(chosen, lo, hi) / count, 3)
     rows = [m for m in metrics if m["step"] in measured]
     ratios = [m["ratio"] for m in rows if "ratio" in m]
-    out = {"steps_measured": count, "completion_tokens": tokens, "wall_s": round(wall, 3),
+    out = {"steps_measured": count, "window": [lo, hi], "completion_tokens": tokens, "wall_s": round(wall, 3),
            "completion_tokens_per_s": round(tokens / wall, 1), "seconds_per_step": round(wall / count, 3),
            "split_seconds_per_step": split,
            "trainer_step_tokens_per_s": round(statistics.median(m["tokens_per_s"] for m in rows), 1)}
@@ -231,7 +235,8 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     print(f"[{spec}] {cmd}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     try:
-        with open(log, "w") as f, mps_daemon(tmp, env) if mps else contextlib.nullcontext():
+        with (open(log, "w") as f, mps_daemon(tmp, env) if mps else contextlib.nullcontext(),
+              GpuSampler(tmp / f"gpu-{name}.csv") as sampler):
             returncode = run_pipeline(cmd, env, f, args.timeout)
     except (subprocess.SubprocessError, RuntimeError, OSError) as exc:  # timeout, the MPS daemon's start
         returncode = -1
@@ -242,7 +247,8 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     # reach the daemon runs without MPS)
     mps_log = mps_log_tail(tmp) if mps else None
     result = {"run": spec, "loop": loop, "engine": engine, "max_lag": int(lag), "mps": mps, "command": cmd,
-              "total_wall_s": round(total, 1), **({"mps_log": mps_log} if mps else {})}
+              "total_wall_s": round(total, 1), "load_average_1m_end": round(os.getloadavg()[0], 2),
+              **({"mps_log": mps_log} if mps else {})}
     error = f"exit {returncode}" if returncode != 0 else None
     if error is None:
         from opd_common.timeline import read
@@ -250,6 +256,8 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
         try:
             metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
             result.update(analyse(read(timeline), metrics, args.warmup, model_shape(model, 64), bw))
+            if (during := sampler.summary(*result["window"])) is not None:
+                result["gpu_during_window"] = during
         except (OSError, ValueError, KeyError) as exc:
             error = f"{type(exc).__name__}: {exc}"
     if error is not None:
@@ -350,6 +358,7 @@ def main() -> int:
     bw = copy_bandwidth()
     figures = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
                "torch": torch.__version__, "copy_bandwidth_bytes_per_s": bw,
+               "machine": {"host": host(), "gpu": gpu()},
                "settings": {k: v for k, v in vars(args).items() if k not in ("json", "keep")}, "results": []}
     for spec in args.runs.split(","):
         figures["results"].append(run_one(spec, model, tmp, args, bw))

@@ -4,6 +4,8 @@ from running it on a GPU machine; docs/benchmarks.md)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +28,12 @@ def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
     figures = json.loads(out.read_text())
     assert [r["run"] for r in figures["results"]] == ["opsd:hf:1:mps", "opsd:hf:1", "opd:vllm:1"]
     assert "needs nvidia-cuda-mps-control" in figures["results"].pop(0)["error"]
+    assert figures["machine"]["host"]["logical_cpus"] == os.cpu_count()
+    assert (figures["machine"]["gpu"] is None) == (shutil.which("nvidia-smi") is None)
     for r in figures["results"]:
         assert r["steps_measured"] == 2 and r["completion_tokens"] > 0
+        lo, hi = r["window"]  # the measured steps' wall-clock span, which gpu_during_window summarises
+        assert hi - lo == pytest.approx(r["wall_s"], abs=0.01)
         assert r["completion_tokens_per_s"] == pytest.approx(r["completion_tokens"] / r["wall_s"], rel=0.01)
         split = r["split_seconds_per_step"]
         for key in ("rollout_decoding", "training", "policy_share"):  # every step hands its adapter over

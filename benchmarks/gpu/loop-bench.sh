@@ -24,7 +24,7 @@ case "${1:-}" in
     pgrep -f bench_loop_gpu.py >/dev/null && echo "still running" || echo "finished"
     cp /tmp/bench/loop_gpu.json "$OUT/" 2>/dev/null
     tail -c 200000 /tmp/bench/log.txt > "$OUT/log.txt"
-    (cd /tmp/bench/work 2>/dev/null && tar czf "$OUT/timelines.tgz" timeline-* run-*/metrics.jsonl 2>/dev/null)
+    (cd /tmp/bench/work 2>/dev/null && tar czf "$OUT/timelines.tgz" timeline-* run-*/metrics.jsonl gpu-*.csv 2>/dev/null)
     for f in /tmp/bench/work/log-*.txt; do [ -f "$f" ] && tail -c 100000 "$f" > "$OUT/$(basename "$f")"; done
     grep -v '^{' /tmp/bench/log.txt | grep -v "^\[.*\] /" | tail -25 ;;
   *) echo "usage: $0 start|wait" >&2; exit 2 ;;
