@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import GpuSampler, gpu, host
+from machine import GpuSampler, gpu, host, load_average
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "libs" / "common"))
@@ -247,7 +247,7 @@ def run_one(spec: str, model: Path, tmp: Path, args, bw) -> dict:
     # reach the daemon runs without MPS)
     mps_log = mps_log_tail(tmp) if mps else None
     result = {"run": spec, "loop": loop, "engine": engine, "max_lag": int(lag), "mps": mps, "command": cmd,
-              "total_wall_s": round(total, 1), "load_average_1m_end": round(os.getloadavg()[0], 2),
+              "total_wall_s": round(total, 1), "load_average_1m_end": load_average(),
               **({"mps_log": mps_log} if mps else {})}
     error = f"exit {returncode}" if returncode != 0 else None
     if error is None:

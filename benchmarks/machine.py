@@ -38,18 +38,26 @@ def _number(text: str) -> float | None:
         return None
 
 
+def _query(fields: tuple[str, ...], *extra: str) -> list[str]:
+    """nvidia-smi's argv for GPU 0's `fields`, one CSV line of plain numbers each time it reports."""
+    return ["nvidia-smi", "-i", "0", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", *extra]
+
+
+def load_average() -> float:
+    """The host's 1-minute load average."""
+    return round(os.getloadavg()[0], 2)
+
+
 def host() -> dict:
     return {"cpu_model": _cpu_model(), "logical_cpus": os.cpu_count(),
-            "usable_cpus": len(os.sched_getaffinity(0)),
-            "load_average_1m": round(os.getloadavg()[0], 2)}
+            "usable_cpus": len(os.sched_getaffinity(0)), "load_average_1m": load_average()}
 
 
 def gpu() -> dict | None:
     """GPU 0's name, driver and limits (MHz, W); None without nvidia-smi, {'error'} when it fails."""
     if shutil.which("nvidia-smi") is None:
         return None
-    done = subprocess.run(["nvidia-smi", "-i", "0", f"--query-gpu={','.join(LIMITS)}",
-                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30)
+    done = subprocess.run(_query(LIMITS), capture_output=True, text=True, timeout=30)
     if done.returncode != 0 or not done.stdout.strip():
         return {"error": f"nvidia-smi exit {done.returncode}: {done.stderr.strip()[-300:]}"}
     values = [v.strip() for v in done.stdout.splitlines()[0].split(",")]
@@ -67,8 +75,7 @@ class GpuSampler:
     def __enter__(self) -> GpuSampler:
         if shutil.which("nvidia-smi") is not None:
             self._file = open(self.path, "w")
-            self._proc = subprocess.Popen(["nvidia-smi", "-i", "0", f"--query-gpu=timestamp,{','.join(SAMPLED)}",
-                                           "--format=csv,noheader,nounits", "-lms", str(self.every_ms)],
+            self._proc = subprocess.Popen(_query(("timestamp", *SAMPLED), "-lms", str(self.every_ms)),
                                           stdout=self._file, stderr=subprocess.DEVNULL)
         return self
 
