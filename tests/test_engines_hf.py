@@ -83,6 +83,24 @@ def test_adapter_versions_load_in_place_without_a_new_capture_or_compile(tiny_mo
     assert counters["stats"]["unique_graphs"] == compiled  # no version traced the forward again
 
 
+def test_one_cache_is_held_the_longest_needed(tiny_model):
+    """A batch that needs a longer cache replaces the held one (one graph captured for it); shorter batches then
+    decode in the longer cache, as they would in their own: the engine's memory is its longest cache, not the sum
+    of one per length seen (which ran a rollout sharing an H100 with the trainer out of memory)."""
+    long_prompts = [[5 + i % 50 for i in range(140)], [7, 7, 40]]  # 140 + 6 + 3 spare > 128: a 256-long cache
+    eng = engine(tiny_model, cuda_graph=True)
+    short = sample(eng)
+    assert (eng._bucket.L, eng.captures) == (128, 1)
+    longer = sample(eng, long_prompts)
+    assert (eng._bucket.L, eng.captures) == (256, 2)
+    same(sample(eng), short)  # in the 256-long cache, nothing captured again
+    same(sample(eng, long_prompts), longer)
+    assert (eng._bucket.L, eng.captures) == (256, 2)
+    fresh = engine(tiny_model, cuda_graph=True)
+    same(sample(fresh, long_prompts), longer)
+    assert fresh.captures == 1
+
+
 def test_an_adapter_of_another_shape_is_refused(tiny_model, tmp_path):
     eng = engine(tiny_model)
     eng.prepare_adapter({"r": 8, "alpha": 16, "targets": "q_proj,v_proj"})

@@ -9,7 +9,10 @@ is captured once per (batch, length) bucket as a CUDA graph and replayed (``--cu
 on CPU the same function runs eagerly (``--cuda-graph`` on CPU runs the capture's warm-up steps and
 replays the step eagerly: the graphed path's logic, testable without a GPU). The capture's warm-up
 steps write past the last sampled position, so graphed buffers keep ``CAPTURE_STEPS`` spare columns.
-The host checks "all done?" only every 16 steps.
+The host checks "all done?" only every 16 steps. The engine holds one bucket: a batch whose cache fits
+in the held one's length decodes in it (the positions past its own length stay masked), a longer one
+replaces it (its memory returned to the device first). So it holds one cache, the longest needed so far,
+not one per length seen: those added up past the trainer's share of a shared GPU (an H100, OPSD at lag 2).
 
 In the on-policy loop (``--follow``) the model is wrapped once, before the first batch, in a peft
 LoRA of the trainer's shape (its run's config.json) whose B matrices are zero, i.e. exactly the
@@ -52,6 +55,8 @@ class _EagerReplay:
 class _Buffers:
     """Static device tensors one decode step reads and writes (their addresses never change)."""
 
+    B: int  # batch size
+    L: int  # cache length (prompt + response + spare, in LENGTH_BUCKET steps)
     cache: object
     tok_B: object  # last sampled token
     pos_B: object  # position id of tok_B
@@ -81,7 +86,7 @@ class HfEngine:
             dtype = pick_dtype(config.dtype, self.device, config.model)
             model = load_causal_lm(config.model, config.revision, dtype, self.device, config.adapter)
         use_gqa_attention(model)
-        self._buckets: dict[tuple[int, int], _Buffers] = {}
+        self._bucket: _Buffers | None = None  # the decode buffers held (the longest cache needed so far)
         self._use_model(model)
         self.stop_ids = self._stop_ids()
         self.stop_S = torch.tensor(self.stop_ids, device=self.device)
@@ -90,7 +95,7 @@ class HfEngine:
         self.use_graph = self.device.startswith("cuda") if graph is None else bool(graph)
         self.tokens_generated = 0
         self.seconds = 0.0
-        self.captures = 0  # graphs captured (one per bucket; a new adapter version adds none)
+        self.captures = 0  # graphs captured (one per longer cache; a new adapter version adds none)
 
     def _use_model(self, model) -> None:
         """Decode with `model` from now on: its forward optionally compiled (fuses the many small elementwise
@@ -98,7 +103,7 @@ class HfEngine:
         import torch
 
         self.model = model
-        self._buckets.clear()
+        self._bucket = None
         self._decode_forward = torch.compile(model, dynamic=False) if getattr(self.config, "compile", False) else model
 
     @property
@@ -161,38 +166,45 @@ class HfEngine:
                               f"({(unexpected or moved)[:2]} ...); was the run dir's config.json changed?")
 
     def close(self) -> None:
-        self._buckets.clear()
+        self._bucket = None
         self.model = None
 
     # ------------------------------------------------------------------ buffers
 
     def _buffers(self, B: int, L: int) -> _Buffers:
+        """Buffers for B samples whose cache needs L positions: the ones held when they are for B samples and
+        their cache is long enough, else new ones of length L that replace them."""
         import torch
         from transformers import StaticCache
 
-        key = (B, L)
-        if not self.use_graph:
-            self._buckets.clear()  # eager decoding: keep only the current batch's buffers
-        if key not in self._buckets:
-            k, dev = self.config.topk_logprobs, self.device
-            S = self.config.max_tokens + self._spare  # room for the capture's steps
-            lp_dtype = torch.float32
-            self._buckets[key] = _Buffers(
-                cache=StaticCache(config=self.model.config, max_cache_len=L),
-                tok_B=torch.zeros(B, dtype=torch.long, device=dev),
-                pos_B=torch.zeros(B, dtype=torch.long, device=dev),
-                cache_pos_1=torch.zeros(1, dtype=torch.long, device=dev),
-                step_1=torch.zeros(1, dtype=torch.long, device=dev),
-                seeds_B=torch.zeros(B, dtype=torch.int64, device=dev),
-                visible_BL=torch.zeros(B, L, dtype=torch.bool, device=dev),
-                done_B=torch.zeros(B, dtype=torch.bool, device=dev),
-                lengths_B=torch.zeros(B, dtype=torch.long, device=dev),
-                tokens_BS=torch.zeros(B, S, dtype=torch.long, device=dev),
-                chosen_BS=torch.zeros(B, S, dtype=lp_dtype, device=dev),
-                top_ids_BSK=torch.zeros(B, S, k, dtype=torch.long, device=dev) if k else None,
-                top_lps_BSK=torch.zeros(B, S, k, dtype=lp_dtype, device=dev) if k else None,
-            )
-        return self._buckets[key]
+        held = self._bucket
+        if held is not None and held.B == B and held.L >= L:
+            return held
+        if held is not None:
+            self._bucket = held = None
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()  # the old cache's memory back to the device (a trainer may share it)
+        k, dev = self.config.topk_logprobs, self.device
+        S = self.config.max_tokens + self._spare  # room for the capture's steps
+        lp_dtype = torch.float32
+        self._bucket = _Buffers(
+            B=B,
+            L=L,
+            cache=StaticCache(config=self.model.config, max_cache_len=L),
+            tok_B=torch.zeros(B, dtype=torch.long, device=dev),
+            pos_B=torch.zeros(B, dtype=torch.long, device=dev),
+            cache_pos_1=torch.zeros(1, dtype=torch.long, device=dev),
+            step_1=torch.zeros(1, dtype=torch.long, device=dev),
+            seeds_B=torch.zeros(B, dtype=torch.int64, device=dev),
+            visible_BL=torch.zeros(B, L, dtype=torch.bool, device=dev),
+            done_B=torch.zeros(B, dtype=torch.bool, device=dev),
+            lengths_B=torch.zeros(B, dtype=torch.long, device=dev),
+            tokens_BS=torch.zeros(B, S, dtype=torch.long, device=dev),
+            chosen_BS=torch.zeros(B, S, dtype=lp_dtype, device=dev),
+            top_ids_BSK=torch.zeros(B, S, k, dtype=torch.long, device=dev) if k else None,
+            top_lps_BSK=torch.zeros(B, S, k, dtype=lp_dtype, device=dev) if k else None,
+        )
+        return self._bucket
 
     # ------------------------------------------------------------------ the two phases
 
@@ -297,6 +309,7 @@ class HfEngine:
         P = max(len(r.prompt_ids) for r in requests)
         L = -(-(P + self.config.max_tokens + self._spare) // LENGTH_BUCKET) * LENGTH_BUCKET
         buf = self._buffers(B, L)
+        L = buf.L
         steps = self.config.max_tokens
         with torch.inference_mode():
             if self.use_graph and buf.graph is None:
