@@ -44,8 +44,8 @@
 #   - --max-lag 0 (default), as the seed: each step samples with the previous step's policy, and
 #     --max-staleness 0 keeps it so (the trainer's --max-staleness follows --max-lag). --max-lag 1
 #     overlaps sampling and training (dapo's clipped ratio corrects for the lag): bench_loop_gpu.py's
-#     DAPO-shaped loop (16 x 8 x 1,024 tokens, grpo, random weights) made 11,704 and 9,864 completion
-#     tokens/s at lag 1 on two H100s (docs/benchmarks.md); lag 0 and the ratio a learning policy
+#     DAPO-shaped loop (16 x 8 x 1,024 tokens, grpo, random weights) made 11,704, 9,864 and 8,967
+#     completion tokens/s at lag 1 on three H100s (docs/benchmarks.md); lag 0 and the ratio a learning policy
 #     gives at lag 1 are not measured on a GPU.
 #
 # First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
