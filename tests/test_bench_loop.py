@@ -44,23 +44,3 @@ def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
     assert "scoring" in figures["results"][1]["split_seconds_per_step"]  # the external teacher's stage
     assert "importance_ratio" in figures["results"][0]  # fkl with the in-trainer teacher reports it
     assert "| opsd:hf:1 |" in done.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_the_adapter_load_profile_times_each_version_and_names_add_lora(tmp_path):
-    """benchmarks/profile_adapter_load.py on CPU (the GPU figures are in docs/benchmarks.md): every version's
-    add_lora and two batches timed, float32 and bfloat16 files alternating, and a profile of add_lora that shows the
-    engine's side of add_lora (the engine core runs in the script's own process)."""
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_adapter_load.py"), "--tiny",
-                           "--versions", "4", "--batch", "4", "--tokens", "4", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads((tmp_path / "adapter_load.json").read_text())
-    assert [(r["version"], r["dtype"]) for r in figures["versions"]] == [
-        (1, "float32"), (2, "bfloat16"), (3, "float32"), (4, "bfloat16")]
-    for r in figures["versions"]:
-        assert r["add_lora_s"] > 0 and r["first_batch_s"] > 0 and r["second_batch_s"] > 0
-    assert set(figures["median_after_two"]) == {"float32", "bfloat16"}
-    profile = (tmp_path / "profile.txt").read_text()
-    assert "(add_lora)" in profile and "(from_local_checkpoint)" in profile

@@ -83,22 +83,30 @@ def test_adapter_versions_load_in_place_without_a_new_capture_or_compile(tiny_mo
     assert counters["stats"]["unique_graphs"] == compiled  # no version traced the forward again
 
 
-def test_one_cache_is_held_the_longest_needed(tiny_model):
-    """A batch that needs a longer cache replaces the held one (one graph captured for it); shorter batches then
-    decode in the longer cache, as they would in their own: the engine's memory is its longest cache, not the sum
-    of one per length seen (which ran a rollout sharing an H100 with the trainer out of memory)."""
-    long_prompts = [[5 + i % 50 for i in range(140)], [7, 7, 40]]  # 140 + 6 + 3 spare > 128: a 256-long cache
-    eng = engine(tiny_model, cuda_graph=True)
+@pytest.mark.parametrize("graph", [True, False])
+def test_one_cache_is_held_the_longest_needed(tiny_model, graph):
+    """A batch that needs a longer cache replaces the held buffers, which are freed (one graph captured for the
+    new ones); shorter batches, and eagerly another batch size, then decode in a cache that long, as they would
+    in their own: the engine's memory is its longest cache, not the sum of one per length seen (which ran a
+    rollout sharing an H100 with the trainer out of memory)."""
+    import weakref
+
+    from opd_common.engines.hf import LENGTH_BUCKET
+
+    short_L, long_L = LENGTH_BUCKET, 2 * LENGTH_BUCKET
+    long_prompts = [[5 + i % 50 for i in range(short_L - 6 + 1)], [7, 7, 40]]  # + 6 tokens: one past short_L
+    eng = engine(tiny_model, cuda_graph=graph)
     short = sample(eng)
-    assert (eng._bucket.L, eng.captures) == (128, 1)
+    assert eng._bucket.L == short_L
+    first = weakref.ref(eng._bucket.cache)
     longer = sample(eng, long_prompts)
-    assert (eng._bucket.L, eng.captures) == (256, 2)
-    same(sample(eng), short)  # in the 256-long cache, nothing captured again
+    assert eng._bucket.L == long_L and first() is None  # the shorter cache was let go (no collector needed)
+    same(sample(eng), short)  # 3 prompts (eagerly: another batch size) in the longer cache
     same(sample(eng, long_prompts), longer)
-    assert (eng._bucket.L, eng.captures) == (256, 2)
-    fresh = engine(tiny_model, cuda_graph=True)
+    assert eng._bucket.L == long_L
+    assert eng.captures == (2 if graph else 0)
+    fresh = engine(tiny_model, cuda_graph=graph)
     same(sample(fresh, long_prompts), longer)
-    assert fresh.captures == 1
 
 
 def test_an_adapter_of_another_shape_is_refused(tiny_model, tmp_path):

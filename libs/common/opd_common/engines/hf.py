@@ -5,14 +5,17 @@ one *step* function that does everything on the device with fixed shapes and no 
 forward of the last token, ``log_softmax`` of the raw logits (the record's log-probs,
 temperature 1), optional top-k, sampling with per-sample counter-based randomness
 (``sampling.sample_tokens``), stop detection, and writes into history buffers. On CUDA that step
-is captured once per (batch, length) bucket as a CUDA graph and replayed (``--cuda-graph``);
+is captured once per set of buffers (below) as a CUDA graph and replayed (``--cuda-graph``);
 on CPU the same function runs eagerly (``--cuda-graph`` on CPU runs the capture's warm-up steps and
 replays the step eagerly: the graphed path's logic, testable without a GPU). The capture's warm-up
 steps write past the last sampled position, so graphed buffers keep ``CAPTURE_STEPS`` spare columns.
-The host checks "all done?" only every 16 steps. The engine holds one bucket: a batch whose cache fits
-in the held one's length decodes in it (the positions past its own length stay masked), a longer one
-replaces it (its memory returned to the device first). So it holds one cache, the longest needed so far,
-not one per length seen: those added up past the trainer's share of a shared GPU (an H100, OPSD at lag 2).
+The host checks "all done?" only every 16 steps. The engine holds one set of buffers, its cache as long
+as the longest batch so far needed: a batch that fits decodes in it (the positions past its own length
+stay masked), a longer one (or, decoding eagerly, another batch size) replaces it, the old memory handed
+back to the device first when the new buffers are larger. One cache per length seen added up past the
+trainer's share of a shared GPU (an H100, the OPSD loop at lag 2). The masked positions add exact zeros,
+but the attention's reductions run over the cache's length, so log-probs can differ in the last bits with
+it; the length already depended on the batch's longest prompt.
 
 In the on-policy loop (``--follow``) the model is wrapped once, before the first batch, in a peft
 LoRA of the trainer's shape (its run's config.json) whose B matrices are zero, i.e. exactly the
@@ -173,7 +176,7 @@ class HfEngine:
 
     def _buffers(self, B: int, L: int) -> _Buffers:
         """Buffers for B samples whose cache needs L positions: the ones held when they are for B samples and
-        their cache is long enough, else new ones of length L that replace them."""
+        their cache is long enough, else new ones, as long as L or the held ones, that replace them."""
         import torch
         from transformers import StaticCache
 
@@ -181,8 +184,11 @@ class HfEngine:
         if held is not None and held.B == B and held.L >= L:
             return held
         if held is not None:
+            grows = B * max(L, held.L) > held.B * held.L
+            L = max(L, held.L)  # never shorter than the longest so far (eager decoding: another batch size)
+            held.graph = None  # (an eager replay refers back to its buffers: no cycle left for the collector)
             self._bucket = held = None
-            if self.device.startswith("cuda"):
+            if grows and self.device.startswith("cuda"):
                 torch.cuda.empty_cache()  # the old cache's memory back to the device (a trainer may share it)
         k, dev = self.config.topk_logprobs, self.device
         S = self.config.max_tokens + self._spare  # room for the capture's steps
