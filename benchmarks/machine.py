@@ -1,7 +1,7 @@
 """What a benchmark ran on, so that figures from two machines of one kind can be told apart.
 
-Two H100 machines gave the same loop figures 14-16% apart (docs/benchmarks.md); these facts go into the
-benchmark's JSON so the next pair can be compared: the host's CPU and load, the GPU's limits, and the
+H100 machines gave the same loop figures up to 23% apart (docs/benchmarks.md); these facts go into the
+benchmark's JSON so that machines can be compared: the host's CPU and load, the GPU's limits, and the
 GPU's clocks, power and temperature while a run was measured (``nvidia-smi --query-gpu ... -lms``,
 sampled in the background). Without nvidia-smi (CPU machines) the GPU parts are None.
 """
