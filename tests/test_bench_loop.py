@@ -42,5 +42,6 @@ def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
             assert 0 <= split.get(key, 0) <= r["seconds_per_step"] + 0.01, (r["run"], key)
         assert r["rollout"]["decode_tokens_per_s"] > 0
     assert "scoring" in figures["results"][1]["split_seconds_per_step"]  # the external teacher's stage
-    assert "importance_ratio" in figures["results"][0]  # fkl with the in-trainer teacher reports it
+    for r in figures["results"]:  # fkl reports it, with the in-trainer teacher and with top-16 records
+        assert 0.5 < r["importance_ratio"]["mean"] < 2, r["run"]
     assert "| opsd:hf:1 |" in done.stdout

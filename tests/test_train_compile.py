@@ -23,7 +23,10 @@ def examples(vocab: int, loss: str, seed: int = 0) -> list[Example]:
         topk = logits - np.log(np.exp(logits).sum(1, keepdims=True)) - 0.7  # K ids hold ~half the mass
         ids = rng.integers(0, vocab, (t, K))
         ids[0, 1] = ids[0, 3]  # a repeated id (the compacted logits keep its first occurrence)
-        tokens = {"fkl": {"ids": ids, "teacher_logp": topk.astype(np.float32)},
+        response = rng.integers(0, vocab, t)
+        ids[2, 0] = response[2]  # a sampled token among the teacher's ids (fkl's ratio reads it)
+        tokens = {"fkl": {"ids": ids, "teacher_logp": topk.astype(np.float32),
+                          "behaviour_logp": -rng.random(t).astype(np.float32) * 3},
                   "rkl": {"behaviour_logp": -rng.random(t).astype(np.float32) * 3,
                           "teacher_logp": -rng.random(t).astype(np.float32) * 3,
                           "advantage": rng.standard_normal(t).astype(np.float32)},
@@ -32,7 +35,7 @@ def examples(vocab: int, loss: str, seed: int = 0) -> list[Example]:
                   "sft": {}, "grpo": {"behaviour_logp": -rng.random(t).astype(np.float32) * 3,
                            "advantage": np.full(t, rng.standard_normal(), np.float32)}}[loss]
         out.append(Example(id=str(i), prompt_id=str(i), prompt_ids=rng.integers(0, vocab, p),
-                           response_ids=rng.integers(0, vocab, t), tokens=tokens))
+                           response_ids=response, tokens=tokens))
     return out
 
 
@@ -67,10 +70,14 @@ def step(model: str, loss: str, compile: bool, **options) -> tuple[dict, dict]:
     ("fkl", {"gradient_checkpointing": True}),  # each compiled layer recomputed in the backward
 ], ids=["fkl-tail", "fkl-tail-tau", "fkl-topk-tau", "rkl", "sft", "grpo", "shift", "fkl-checkpointing"])
 def test_compiled_chunk_loss_matches_eager(tiny_model, loss, options):
+    """fkl's compacted logits hold the sampled token as one more column for its ratio metric: the loss, tail
+    and gradient stay those of the full vocabulary, and the ratio is that of the eager path."""
     torch._dynamo.reset()
     eager_metrics, eager_grads = step(str(tiny_model), loss, False, **options)
     compiled_metrics, compiled_grads = step(str(tiny_model), loss, True, **options)
     assert compiled_metrics.keys() == eager_metrics.keys()
+    if loss in ("fkl", "rkl", "grpo"):
+        assert "ratio" in eager_metrics
     for key, value in eager_metrics.items():
         assert compiled_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert compiled_grads.keys() == eager_grads.keys()

@@ -14,7 +14,8 @@ that a new step's values do not recompile. For the losses that read the logits o
 position (an objective's `compact` in objectives.py: fkl on top-k ids, and sft/rkl/grpo/dapo at the sampled
 token) the compiled function first compacts them (`compact_logits`): [N, V] -> [N, K + 1], the K ids' logits
 plus one column holding the logsumexp of the rest, which gives the loss the same log-probabilities, tail and
-gradient, in one fused pass over the vocabulary forward and one backward (no float32 [N, V] buffers). Metric
+gradient, in one fused pass over the vocabulary forward and one backward (no float32 [N, V] buffers); fkl's
+ratio metric reads the sampled token, which is then one more column ([N, K + 2]). Metric
 contributions stay on the device (float64, as the eager sums were) until the micro-batch's backward has been
 queued: one host sync per micro-batch, not per chunk.
 """
@@ -221,9 +222,19 @@ class Student:
             return logits_NV, tok
         ids = tok[key]
         ids_NK = ids if ids.dim() == 2 else ids.unsqueeze(-1)  # [N] (the sampled tokens) or [N, K]
+        temperature = self.objective.temperature(self.config)
+        # a metric at the sampled tokens (fkl's ratio, at temperature 1) of a loss compacted at other ids: the
+        # sampled token is one more column (its index in the compacted logits becomes targets_N)
+        sampled = key != "targets_N" and any("targets_N" in call.args for _, call in self.objective.metrics)
+        if sampled and temperature != 1.0:
+            return logits_NV, tok
+        if sampled:
+            ids_NK = torch.cat([ids_NK, tok["targets_N"].unsqueeze(-1)], -1)
         if ids_NK.shape[-1] >= logits_NV.shape[-1]:
             return logits_NV, tok
-        compact_NB, first_NK = compact_logits(logits_NV, ids_NK, self.objective.temperature(self.config))
+        compact_NB, first_NK = compact_logits(logits_NV, ids_NK, temperature)
+        if sampled:
+            return compact_NB, {**tok, key: first_NK[:, :-1], "targets_N": first_NK[:, -1]}
         return compact_NB, {**tok, key: first_NK if ids.dim() == 2 else torch.zeros_like(ids)}
 
     def _loss(self, logits_NV, tok: dict, extra: dict, num_tokens, beta) -> losses.LossOutput:

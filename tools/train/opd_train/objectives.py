@@ -179,7 +179,8 @@ def _build_fkl(obj, ex, rec, where, config, render) -> None:
     name, block = teacher_block(rec, where, config)
     if block.get("topk_ids") is None or block.get("topk_logprobs") is None:
         raise _missing(where, f"teachers.{name} has no topk_ids/topk_logprobs", config, obj.hint)
-    ex.tokens.update(ids=_i64(block["topk_ids"]), teacher_logp=_f32(block["topk_logprobs"]))
+    ex.tokens.update(ids=_i64(block["topk_ids"]), teacher_logp=_f32(block["topk_logprobs"]),
+                     behaviour_logp=_f32(rec["logprobs"]))  # the "ratio" metric only
 
 
 def _build_fkl_self(obj, ex, rec, where, config, render) -> None:
@@ -212,22 +213,24 @@ _RL = dict(reads=("logprobs", "reward.total", "reward.correct"), build=_build_rl
            hint="score with opd-score --reward math", compact="targets_N", reference=lambda c: bool(c.kl_coef),
            group_advantages=True)
 
+# fkl reports the importance ratio it does not correct for: how far a loop at --max-lag >= 1 lagged
+_RATIO = (("ratio", Call("sampled_ratio", ("targets_N", "behaviour_logp", "num_tokens"))),)
 _FKL_SELF = Objective(
     "fkl", reads=("logprobs", "example"), build=_build_fkl_self, self_teacher=True,
     call=Call("fkl_full", ("teacher_logits", "num_tokens"),
               options=lambda c: {"temperature": c.loss_temperature, "clip": c.kl_clip}),
-    metrics=(("ratio", Call("sampled_ratio", ("targets_N", "behaviour_logp", "num_tokens"))),))
+    metrics=_RATIO)
 
 OBJECTIVES: dict[str, Objective] = {obj.name: obj for obj in [
     Objective("sft", reads=(), build=_build_sft, call=Call("sft", ("targets_N", "num_tokens")), compact="targets_N"),
     Objective("rkl", reads=("logprobs", "teachers.NAME.logprobs"), build=_build_rkl, compact="targets_N",
               call=Call("rkl", ("targets_N", "behaviour_logp", "advantage", "num_tokens"),
                         (("teacher_logp_N", "teacher_logp"),), lambda c: {"ratio_clip": c.ratio_clip})),
-    Objective("fkl", reads=("teachers.NAME.topk_ids", "teachers.NAME.topk_logprobs"), build=_build_fkl,
+    Objective("fkl", reads=("logprobs", "teachers.NAME.topk_ids", "teachers.NAME.topk_logprobs"), build=_build_fkl,
               hint="score with opd-score --topk K or --at-student-topk, or use --self-teacher",
               call=Call("fkl", ("ids", "teacher_logp", "num_tokens"),
                         options=lambda c: {"temperature": c.loss_temperature, "clip": c.kl_clip, "tail": c.fkl_tail}),
-              compact="ids", with_self_teacher=_FKL_SELF),  # reads softmax(logits) at temperature 1 (losses.fkl)
+              metrics=_RATIO, compact="ids", with_self_teacher=_FKL_SELF),  # softmax(logits) at T 1 (losses.fkl)
     Objective("shift", reads=("shift.ids", "shift.delta"), build=_build_shift,
               hint="score with opd-score --shift post=MODEL,pre=MODEL",
               call=Call("shift", ("ids", "delta", "targets_N", "ref_logp", "num_tokens"), (("beta", "beta"),)),
