@@ -8,10 +8,12 @@ which reuses the helpers defined here.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -297,6 +299,37 @@ def test_stdin_is_streamed_record_by_record(tiny_model, tmp_path):
             assert lines.get(timeout=5) is None  # nothing more after the two records
         finally:
             proc.kill()
+
+
+@pytest.mark.slow  # real subprocesses: ~10 s of interpreter and torch start-up each
+def test_the_next_batch_decodes_while_the_reader_has_not_read_the_last(tiny_model, tmp_path):
+    """Records go out in a writer thread: a batch several times a pipe's buffer, which the next stage does not
+    read yet (a trainer in its step), does not hold back the next batch's decoding (OPD_TIMELINE: batch 1 is
+    decoded while batch 0's write waits); once read, the stream is byte for byte the one a ready reader gets."""
+    from opd_common.timeline import read
+
+    cmd = [str(BIN / "opd-rollout"), "--model", str(tiny_model), "--engine", "hf", "--quiet", "--batch-prompts", "8",
+           "-n", "4", "--max-tokens", "64", "--topk-logprobs", "20", "--limit", "24", "aime24"]
+    reference = subprocess.run(cmd, capture_output=True, check=True, timeout=300).stdout
+    assert len(reference) > 3 * 4 * 65536  # each of the 3 batches is > 4 pipe buffers: its write blocks
+    timeline = tmp_path / "timeline"
+
+    def spans(name: str) -> dict:
+        return {s["batch"]: s for s in (read(timeline) if timeline.exists() else []) if s["name"] == name}
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env={**os.environ, "OPD_TIMELINE": str(timeline)})
+    try:
+        deadline = time.monotonic() + 90
+        while 1 not in spans("decode") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # nothing of stdout read yet
+        decoded_unread = 1 in spans("decode")
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert decoded_unread, "batch 1 was not decoded while batch 0 waited in the pipe"
+    assert spans("decode")[1]["end"] < spans("write")[0]["end"]
+    assert out == reference
 
 
 @pytest.mark.slow  # a real subprocess: ~10 s of interpreter and torch start-up

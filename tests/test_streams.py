@@ -22,6 +22,7 @@ from opd_common.errors import RecordError, StreamError
 from opd_common.streams import (
     MANIFEST,
     ZSTD_MAGIC,
+    BackgroundWriter,
     InputSource,
     ManifestInfo,
     ShardWriter,
@@ -446,3 +447,84 @@ def test_stdin_zstd_magic_split_across_pipe_writes_is_detected():
     assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
     out = proc.stdout.read()
     assert out.decode().splitlines()[0] == "record 1 of <stdin> p0:0 1 float32"
+
+
+# --------------------------------------------------------------------------- the background writer
+
+
+class _GatedWriter:
+    """A writer whose writes wait until `gate` is set (a reader that is not reading), or fail with `error`."""
+
+    def __init__(self, error: BaseException | None = None):
+        import threading
+
+        self.gate, self.error = threading.Event(), error
+        self.written, self.flushes = [], 0
+
+    def write(self, rec):
+        self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        self.written.append(rec)
+
+    def flush(self):
+        self.flushes += 1
+
+
+def _put_in_thread(writer: BackgroundWriter, batch: list):
+    import threading
+
+    t = threading.Thread(target=writer.put, args=(batch,), daemon=True)
+    t.start()
+    return t
+
+
+def test_background_writer_lets_the_producer_go_on_while_a_write_waits_and_keeps_the_order():
+    """put() returns while the first batch waits to be written; with depth 2, two more batches wait and a fourth
+    put blocks until the writer moves; close() writes everything, in order, one flush per batch."""
+    inner = _GatedWriter()
+    writer = BackgroundWriter(inner, depth=2)
+    t0 = time.monotonic()
+    writer.put([{"i": 0}, {"i": 1}])
+    time.sleep(0.1)  # the thread has taken batch 0 and waits in its write
+    writer.put([{"i": 2}])
+    writer.put([{"i": 3}])
+    assert time.monotonic() - t0 < 1.0 and inner.written == []
+    blocked = _put_in_thread(writer, [{"i": 4}])
+    blocked.join(0.3)
+    assert blocked.is_alive()  # depth 2 batches already wait
+    inner.gate.set()
+    blocked.join(5)
+    assert not blocked.is_alive()
+    writer.close()
+    assert [r["i"] for r in inner.written] == [0, 1, 2, 3, 4] and inner.flushes == 4
+
+
+def test_background_writer_raises_a_write_error_in_the_producer():
+    inner = _GatedWriter(error=BrokenPipeError("reader gone"))
+    inner.gate.set()
+    writer = BackgroundWriter(inner, depth=1)
+    writer.put([{"i": 0}])
+    time.sleep(0.2)
+    with pytest.raises(BrokenPipeError, match="reader gone"):
+        writer.put([{"i": 1}])
+    with pytest.raises(BrokenPipeError):
+        writer.close()
+
+
+def test_background_writer_writes_what_it_was_given_when_the_producer_fails():
+    """The producer failed (a bad input line): close(raise_error=False) still writes every batch handed over, and
+    a write error of its own does not hide the producer's."""
+    inner = _GatedWriter()
+    writer = BackgroundWriter(inner, depth=2)
+    writer.put([{"i": 0}])
+    writer.put([{"i": 1}])
+    inner.gate.set()
+    writer.close(raise_error=False)
+    assert [r["i"] for r in inner.written] == [0, 1]
+    failing = _GatedWriter(error=BrokenPipeError("reader gone"))
+    failing.gate.set()
+    writer = BackgroundWriter(failing)
+    writer.put([{"i": 0}])
+    writer.close(raise_error=False)
+    assert failing.written == []

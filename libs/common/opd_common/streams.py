@@ -13,12 +13,15 @@ written last (also atomically). A directory without a manifest is, by definition
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import itertools
 import json
 import os
+import queue
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -298,6 +301,65 @@ class StreamWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(ok=exc_type is None)
+
+
+class BackgroundWriter:
+    """Writes batches of records in a thread, so that the producer (opd-rollout's engine loop) goes on while the
+    next stage has not read the last batch yet: a batch is larger than a pipe's buffer, and the reader of a loop
+    (opd-train) reads a step's records only when the step before is done. `put` hands a batch over and blocks
+    only while `depth` batches already wait; batches are written in order, each flushed. A write's error
+    (BrokenPipeError when the reader has gone) is raised by the next `put` or by `close`, which waits until
+    every batch handed over is written: records made before a failure are not lost (`close(raise_error=False)`
+    on the failure's path, so that the failure is the one reported)."""
+
+    _DONE = object()
+
+    def __init__(self, writer, depth: int = 1, tool: str | None = None):
+        self.writer, self._tool = writer, tool
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="opd-record-writer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from .timeline import timeline
+
+        while True:
+            item = self._queue.get()
+            if item is self._DONE:
+                return
+            if self._error is not None:
+                continue  # keep taking batches, so that put() never waits on a writer that has failed
+            records, fields = item
+            try:
+                if self._tool is None:
+                    self._write(records)
+                else:
+                    with timeline(self._tool).span("write", **fields):
+                        self._write(records)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the producer's thread
+                self._error = exc
+
+    def _write(self, records) -> None:
+        for rec in records:
+            self.writer.write(rec)
+        self.writer.flush()
+
+    def put(self, records: list[dict], **fields) -> None:
+        """Queue one batch (`fields`: the timeline's `write` span fields)."""
+        self._raise()
+        self._queue.put((records, fields))
+
+    def close(self, raise_error: bool = True) -> None:
+        if self._thread.is_alive():
+            self._queue.put(self._DONE)
+            self._thread.join()
+        if raise_error:
+            self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
 
 
 @dataclass

@@ -15,7 +15,7 @@ from opd_common.engines import derive_seed
 from opd_common.errors import OpdError
 from opd_common.prompts import Prompter, PromptRow, iter_prompt_rows, resolve_prompt_specs
 from opd_common.records import LOGPROBS_KIND, SCHEMA, make_id
-from opd_common.streams import InputSource, reader_gone
+from opd_common.streams import BackgroundWriter, InputSource, reader_gone
 from opd_common.timeline import timeline
 
 log = logging.getLogger("opd-rollout")
@@ -92,21 +92,26 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
         return requests, keys
 
     out = _Output(config, writer, follower)
-    with progress(None, "sample", config.quiet, "opd-rollout") as bar:
-        out.bar = bar
-        if follower is not None and config.max_lag >= 1 and hasattr(engine, "submit"):
-            _pipelined(config, batches(rows, config.batch_prompts), engine, follower, requests_of, out)
-        else:
-            tl = timeline("opd-rollout")
-            for batch in batches(rows, config.batch_prompts):
-                if follower is not None and not follower.before_batch(engine):
-                    break
-                requests, keys = requests_of(batch)
-                with tl.span("decode", batch=out.batches, version=follower.version if follower else 0,
-                             **_sizes(requests)) as span:
-                    completions = engine.generate(requests)
-                    span["tokens"] = sum(len(c.response_ids) for c in completions)
-                out.write(keys, completions, config.adapter)
+    try:
+        with progress(None, "sample", config.quiet, "opd-rollout") as bar:
+            out.bar = bar
+            if follower is not None and config.max_lag >= 1 and hasattr(engine, "submit"):
+                _pipelined(config, batches(rows, config.batch_prompts), engine, follower, requests_of, out)
+            else:
+                tl = timeline("opd-rollout")
+                for batch in batches(rows, config.batch_prompts):
+                    if follower is not None and not follower.before_batch(engine):
+                        break
+                    requests, keys = requests_of(batch)
+                    with tl.span("decode", batch=out.batches, version=follower.version if follower else 0,
+                                 **_sizes(requests)) as span:
+                        completions = engine.generate(requests)
+                        span["tokens"] = sum(len(c.response_ids) for c in completions)
+                    out.write(keys, completions, config.adapter)
+    except BaseException:
+        out.background.close(raise_error=False)  # the batches made before the failure still go out
+        raise
+    out.background.close()  # the last batches written (a write's error is raised here)
     seconds = time.perf_counter() - out.t0
     log.info("%d samples, %d response tokens in %.1f s (%.0f tok/s, engine %s)",
              out.samples, out.tokens, seconds, out.tokens / max(seconds, 1e-9), engine.name)
@@ -116,19 +121,24 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
 
 
 class _Output:
-    """Writes a finished batch's records (flushed per batch, so pipes overlap) and counts them."""
+    """Counts a finished batch's records and hands them to a writer thread (BackgroundWriter: written in order,
+    flushed per batch so pipes overlap), so that the engine loop goes on while the next stage has not read them:
+    under --follow the trainer reads a step's records only after the step before, and a batch blocked in the
+    pipe would otherwise hold back the next batch and the next adapter. At most --max-lag + 1 batches wait (the
+    lag bounds how far the rollout runs ahead anyway); 1 without --follow."""
 
     def __init__(self, config, writer, follower):
-        self.config, self.writer, self.follower = config, writer, follower
+        self.config, self.follower = config, follower
+        depth = config.max_lag + 1 if follower is not None else 1
+        self.background = BackgroundWriter(writer, depth, tool="opd-rollout")
         self.t0, self.tokens, self.samples, self.batches = time.perf_counter(), 0, 0, 0
         self.bar = None
 
     def write(self, keys, completions, adapter: str | None) -> None:
-        with timeline("opd-rollout").span("write", batch=self.batches):
-            for (row, sample, seed, prompt_ids), completion in zip(keys, completions, strict=True):
-                self.writer.write(make_record(self.config, row, sample, seed, prompt_ids, completion, adapter))
-                self.tokens += len(completion.response_ids)
-            self.writer.flush()
+        records = [make_record(self.config, row, sample, seed, prompt_ids, completion, adapter)
+                   for (row, sample, seed, prompt_ids), completion in zip(keys, completions, strict=True)]
+        self.background.put(records, batch=self.batches)
+        self.tokens += sum(len(c.response_ids) for c in completions)
         if self.follower is not None:
             self.follower.emitted += len(keys)
         self.samples += len(keys)
