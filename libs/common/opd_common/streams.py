@@ -13,7 +13,6 @@ written last (also atomically). A directory without a manifest is, by definition
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import itertools
