@@ -396,6 +396,45 @@ def test_pipeline_rollout_score_cat_summary(rollouts, scored, tiny_model, tiny_t
     assert abs(teacher["mean_logprob"] - expected_mean) <= TOL
 
 
+@pytest.mark.slow  # real subprocesses: ~5-10 s of interpreter and torch start-up each
+def test_the_next_window_is_scored_while_the_reader_has_not_read_the_last(tiny_model, tiny_teacher, tmp_path):
+    """Scored windows go out in a writer thread: a window several times a pipe's buffer that the next stage does
+    not read yet (a trainer in its step) does not hold back the next window's scoring (OPD_TIMELINE); once read,
+    the stream is byte for byte the one a ready reader gets."""
+    import os
+    import time
+
+    from opd_common.timeline import read
+
+    records = tmp_path / "rollouts.jsonl"
+    records.write_bytes(subprocess.run(
+        [str(BIN / "opd-rollout"), "--model", str(tiny_model), "--engine", "hf", "--quiet", "--batch-prompts", "8",
+         "-n", "4", "--max-tokens", "64", "--topk-logprobs", "20", "--limit", "24", "aime24"],
+        capture_output=True, check=True, timeout=300).stdout)
+    cmd = [str(BIN / "opd-score"), "--quiet", "--teacher", f"t={tiny_teacher}", "--topk", "20", "--window", "32",
+           str(records)]
+    reference = subprocess.run(cmd, capture_output=True, check=True, timeout=300).stdout
+    assert len(reference) > 3 * 4 * 65536  # each of the 3 windows is > 4 pipe buffers: its write blocks
+    timeline = tmp_path / "timeline"
+
+    def spans(name: str) -> list:
+        return [s for s in (read(timeline) if timeline.exists() else []) if s["name"] == name]
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env={**os.environ, "OPD_TIMELINE": str(timeline)})
+    try:
+        deadline = time.monotonic() + 90
+        while len(spans("score")) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # nothing of stdout read yet
+        scored_unread = len(spans("score")) >= 2
+        out = proc.stdout.read()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert scored_unread, "window 2 was not scored while window 1 waited in the pipe"
+    assert spans("score")[1]["end"] < spans("write")[0]["end"]
+    assert out == reference
+
+
 @pytest.mark.slow  # a real subprocess: ~5 s of interpreter and torch start-up
 def test_stdin_is_scored_record_by_record(rollouts, tiny_teacher, tmp_path):
     """A scored record comes out for each record fed while stdin is still open (windows hand over

@@ -9,9 +9,10 @@ hand-over, scoring, training and waiting. Unset (the default), a span costs one 
 Span names: opd-rollout ``wait`` (for the trainer, --follow), ``adapter`` (a new checkpoint reaching
 the engine), ``decode`` (one batch, submit to last completion; overlapping under --max-lag >= 1
 with vLLM), ``write`` (a batch's records going out, in the rollout's writer thread); opd-score
-``read`` (waiting for input), ``score`` (one window); opd-train ``read`` (waiting for the step's
-records), ``step`` (forward, backward, optimizer), ``save`` (the snapshot taken in the step's
-thread), ``save_write`` (files, fsync and rename, in the background).
+``read`` (waiting for input), ``score`` (one window), ``write`` (a window going out, in its writer
+thread); opd-train ``read`` (waiting for the step's records), ``step`` (forward, backward,
+optimizer), ``save`` (the snapshot taken in the step's thread), ``save_write`` (files, fsync and
+rename, in the background).
 """
 
 from __future__ import annotations

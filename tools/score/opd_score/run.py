@@ -2,7 +2,8 @@
 
 Records stream in, are gathered into windows (``--window``; less when a pipe pauses), scored
 window by window (teachers sort by length inside and batch by ``--token-budget``) and written in
-input order. Teachers score ``response_ids`` verbatim; nothing else in a record changes.
+input order, by a writer thread (the next window is scored while the last one waits for its
+reader). Teachers score ``response_ids`` verbatim; nothing else in a record changes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 from opd_common.batching import batches
-from opd_common.streams import InputSource, iter_inputs
+from opd_common.streams import BackgroundWriter, InputSource, iter_inputs
 
 from .scorer import Scorer
 
@@ -58,15 +59,21 @@ def run(config, inputs: list[str], writer, sources: list[InputSource] | None = N
     else:
         scored = score_here(config, windows)
     t0, tokens, count = time.perf_counter(), 0, 0
-    with progress(None, "record", config.quiet, "opd-score") as bar:
-        for window in scored:
-            for rec, _ in window:
-                writer.write(rec)
-                tokens += len(rec["response_ids"])
-            writer.flush()
-            count += len(window)
-            bar.update(len(window))
-            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+    # windows go out in a writer thread: the next window is read and scored while the reader (a trainer in its
+    # step) has not read the last one yet
+    background = BackgroundWriter(writer, depth=1, tool="opd-score")
+    try:
+        with progress(None, "record", config.quiet, "opd-score") as bar:
+            for window in scored:
+                background.put([rec for rec, _ in window], window=count)
+                tokens += sum(len(rec["response_ids"]) for rec, _ in window)
+                count += len(window)
+                bar.update(len(window))
+                bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+    except BaseException:
+        background.close(raise_error=False)  # the windows scored before the failure still go out
+        raise
+    background.close()
     seconds = time.perf_counter() - t0
     log.info("%d records, %d response tokens in %.1f s (%.0f tok/s)", count, tokens, seconds,
              tokens / max(seconds, 1e-9))
