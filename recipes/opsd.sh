@@ -27,10 +27,11 @@
 #     top-k approximation; docs/losses.md measures how far that is.)
 #   - --max-lag 2 (default): step s trains on responses sampled by the adapter of step s - 1, s - 2 or
 #     s - 3, so sampling overlaps training and with vLLM three batches (~96 sequences) decode at once.
-#     Measured on three H100s (docs/benchmarks.md, bench_loop_gpu.py, Qwen3-1.7B shape, random weights):
-#     lag 2 7,696, 6,543 and 6,835 completion tokens/s (4.26-5.01 s a step), importance ratio
-#     0.9944-0.9945; on the first, lag 1 5,993 (5.47 s), ratio 0.9949; on the second, lag 0 3,962,
-#     ratio 0.9955 (the bf16 gap between vLLM and the trainer, not lag). The ratio (mean
+#     Measured (docs/benchmarks.md, bench_loop_gpu.py, Qwen3-1.7B shape, random weights): lag 2 7,186
+#     completion tokens/s on one H200 (4.53 s a step, ratio 0.9947) and 7,696, 6,543 and 6,835 on three
+#     H100s (4.26-5.01 s, ratio 0.9944-0.9945); on the first H100, lag 1 5,993 (5.47 s), ratio 0.9949;
+#     on the second, lag 0 3,962, ratio 0.9955 (not lag: the bf16 gap between vLLM and the trainer,
+#     seen through this recipe's top-p/top-k sampling). The ratio (mean
 #     exp(log p_S - log p_behaviour) at the sampled tokens) is reported, not applied: fkl has none; with random
 #     weights at lr 5e-6 the policy moves little, so watch `ratio` in metrics.jsonl on a real run and
 #     lower --max-lag if it falls well below its lag-0 value. --max-lag 0 is strictly on-policy, as the

@@ -85,7 +85,8 @@ def compile_decoder(decoder):
     object, so one compiled graph per grad mode and batch regime serves all of them, and a new regime compiles one
     layer, not the whole stack), or the whole decoder where it has no `layers` list. In place, so parameter names
     (the adapter's keys) do not change. On a 28-layer model this compiles in a fifth of the time of the whole
-    decoder, with the same step time (docs/benchmarks.md)."""
+    decoder, with the same step time on CPU (docs/benchmarks.md; on a GPU the two are not yet compared on one
+    machine)."""
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList) or len(layers) == 0:
         return torch.compile(decoder)
