@@ -314,15 +314,16 @@ class BackgroundWriter:
     _DONE = object()
 
     def __init__(self, writer, depth: int = 1, tool: str | None = None):
-        self.writer, self._tool = writer, tool
+        from .timeline import timeline
+
+        self.writer = writer
+        self._timeline = timeline(tool) if tool else None  # made here: the thread only writes its spans
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="opd-record-writer", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        from .timeline import timeline
-
         while True:
             item = self._queue.get()
             if item is self._DONE:
@@ -331,10 +332,10 @@ class BackgroundWriter:
                 continue  # keep taking batches, so that put() never waits on a writer that has failed
             records, fields = item
             try:
-                if self._tool is None:
+                if self._timeline is None:
                     self._write(records)
                 else:
-                    with timeline(self._tool).span("write", **fields):
+                    with self._timeline.span("write", **fields):
                         self._write(records)
             except BaseException as exc:  # noqa: BLE001 - raised again in the producer's thread
                 self._error = exc
