@@ -600,3 +600,32 @@ def test_sampled_ratio_is_the_mean_importance_ratio_at_temperature_1():
     assert float(got) == pytest.approx(expected, rel=1e-6)
     same = L.sampled_ratio(torch.tensor(logits), torch.tensor(targets), torch.tensor(chosen), 5)
     assert float(same) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_sampled_drift_is_k3_and_sees_a_lag_the_mean_ratio_does_not():
+    """k3 = mean(r - 1 - log r) (numpy reference), 0 when the sampler is the student. Over tokens drawn from the
+    behaviour policy p_b, the mean ratio p_S/p_b stays at 1 for any student p_S (it sums p_S over the
+    vocabulary), while k3 estimates KL(p_b || p_S)."""
+    import numpy
+
+    rng = numpy.random.default_rng(4)
+    logits = rng.normal(size=(5, 11)) * 2
+    targets = rng.integers(0, 11, size=5)
+    logp = logits - numpy.log(numpy.exp(logits).sum(-1, keepdims=True))
+    chosen = logp[numpy.arange(5), targets]
+    behaviour = chosen + rng.normal(size=5) * 0.3
+    log_r = chosen - behaviour
+    got = L.sampled_drift(torch.tensor(logits), torch.tensor(targets), torch.tensor(behaviour), 7)
+    assert float(got) == pytest.approx((numpy.exp(log_r) - 1 - log_r).sum() / 7, rel=1e-6)
+    assert float(L.sampled_drift(torch.tensor(logits), torch.tensor(targets), torch.tensor(chosen), 5)) < 1e-6
+    V, N = 40, 40000
+    student = rng.normal(size=V)  # one position's logits, repeated
+    log_ps = student - numpy.log(numpy.exp(student).sum())
+    log_pb = log_ps + rng.normal(size=V) * 0.5  # a sampler some steps behind
+    log_pb -= numpy.log(numpy.exp(log_pb).sum())
+    ys = rng.choice(V, size=N, p=numpy.exp(log_pb))
+    args = (torch.tensor(numpy.tile(student, (N, 1))), torch.tensor(ys), torch.tensor(log_pb[ys]), N)
+    kl = float((numpy.exp(log_pb) * (log_pb - log_ps)).sum())
+    assert kl > 0.05
+    assert float(L.sampled_ratio(*args)) == pytest.approx(1.0, abs=0.02)
+    assert float(L.sampled_drift(*args)) == pytest.approx(kl, rel=0.1)

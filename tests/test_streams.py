@@ -505,7 +505,11 @@ def test_background_writer_raises_a_write_error_in_the_producer():
     inner.gate.set()
     writer = BackgroundWriter(inner, depth=1)
     writer.put([{"i": 0}])
-    time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    with pytest.raises(BrokenPipeError, match="reader gone"):  # check() raises once the thread has failed
+        while time.monotonic() < deadline:
+            writer.check()
+            time.sleep(0.01)
     with pytest.raises(BrokenPipeError, match="reader gone"):
         writer.put([{"i": 1}])
     with pytest.raises(BrokenPipeError):

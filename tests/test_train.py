@@ -77,16 +77,16 @@ def test_exact_budget_run_dir_and_checkpoints(scored, tiny_model, tmp_path):
     assert config["tool"] == "opd-train" and config["config"]["max_steps"] == 3 and config["inputs"] == [str(scored)]
 
 
-def test_fkl_reports_the_importance_ratio_of_the_sampled_tokens(scored, tiny_model, tmp_path):
-    """fkl does not correct for a lagging sampler but reports it: `ratio` = mean exp(log p_S(y_t) - logprobs_t).
-    Step 1's student is the base model that sampled the records (LoRA B = 0): 1; once the adapter has moved
-    (lr 1e-2), the same kind of records (sampled by the base) are off-policy and the ratio leaves 1."""
+def test_fkl_reports_the_importance_ratio_and_drift_of_the_sampled_tokens(scored, tiny_model, tmp_path):
+    """fkl does not correct for a lagging sampler but reports it: `ratio` = mean exp(log p_S(y_t) - logprobs_t) and
+    `drift` = mean(r - 1 - log r). Step 1's student is the base model that sampled the records (LoRA B = 0): 1
+    and 0; once the adapter has moved (lr 1e-2), the same kind of records (sampled by the base) are off-policy."""
     run_dir = tmp_path / "run"
     ok(train(*base_args(tiny_model, run_dir, "--loss", "fkl", "--max-steps", "3", "--batch-size", "4",
                         "--lr", "1e-2"), str(scored)))
     rows = metrics(run_dir)
-    assert rows[0]["ratio"] == pytest.approx(1.0, abs=1e-5)
-    assert abs(rows[2]["ratio"] - 1.0) > 1e-3, rows[2]
+    assert rows[0]["ratio"] == pytest.approx(1.0, abs=1e-5) and rows[0]["drift"] < 1e-8
+    assert abs(rows[2]["ratio"] - 1.0) > 1e-3 and rows[2]["drift"] > 1e-4, rows[2]
 
 
 def test_short_input_is_an_error_unless_allowed(scored, tiny_model, tmp_path):

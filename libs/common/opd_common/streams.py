@@ -309,7 +309,8 @@ class BackgroundWriter:
     only while `depth` batches already wait; batches are written in order, each flushed. A write's error
     (BrokenPipeError when the reader has gone) is raised by the next `put` or by `close`, which waits until
     every batch handed over is written: records made before a failure are not lost (`close(raise_error=False)`
-    on the failure's path, so that the failure is the one reported)."""
+    on the failure's path, so that the failure is the one reported; not on an interrupt, which should not wait
+    for a reader). `depth` batches wait at most, besides the one being written."""
 
     _DONE = object()
 
@@ -347,19 +348,20 @@ class BackgroundWriter:
 
     def put(self, records: list[dict], **fields) -> None:
         """Queue one batch (`fields`: the timeline's `write` span fields)."""
-        self._raise()
+        self.check()
         self._queue.put((records, fields))
+
+    def check(self) -> None:
+        """Raise a write's error now (before making another batch nobody will read)."""
+        if self._error is not None:
+            raise self._error
 
     def close(self, raise_error: bool = True) -> None:
         if self._thread.is_alive():
             self._queue.put(self._DONE)
             self._thread.join()
         if raise_error:
-            self._raise()
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
+            self.check()
 
 
 @dataclass

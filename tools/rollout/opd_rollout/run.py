@@ -102,12 +102,15 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
                 for batch in batches(rows, config.batch_prompts):
                     if follower is not None and not follower.before_batch(engine):
                         break
+                    out.background.check()  # a reader gone: stop before decoding a batch nobody reads
                     requests, keys = requests_of(batch)
                     with tl.span("decode", batch=out.batches, version=follower.version if follower else 0,
                                  **_sizes(requests)) as span:
                         completions = engine.generate(requests)
                         span["tokens"] = sum(len(c.response_ids) for c in completions)
                     out.write(keys, completions, config.adapter)
+    except KeyboardInterrupt:
+        raise  # not waiting for a reader (the batches still queued are dropped)
     except BaseException:
         out.background.close(raise_error=False)  # the batches made before the failure still go out
         raise
@@ -124,8 +127,8 @@ class _Output:
     """Counts a finished batch's records and hands them to a writer thread (BackgroundWriter: written in order,
     flushed per batch so pipes overlap), so that the engine loop goes on while the next stage has not read them:
     under --follow the trainer reads a step's records only after the step before, and a batch blocked in the
-    pipe would otherwise hold back the next batch and the next adapter. At most --max-lag + 1 batches wait (the
-    lag bounds how far the rollout runs ahead anyway); 1 without --follow."""
+    pipe would otherwise hold back the next batch and the next adapter. At most --max-lag + 1 batches wait
+    besides the one being written (the lag bounds how far the rollout runs ahead anyway); 1 without --follow."""
 
     def __init__(self, config, writer, follower):
         self.config, self.follower = config, follower
@@ -174,6 +177,7 @@ def _pipelined(config, source, engine, follower, requests_of, out: _Output) -> N
                     if waiting_since is not None:
                         tl.event("wait", waiting_since, time.time(), batch=out.batches + len(inflight))
                         waiting_since = None
+                    out.background.check()  # a reader gone: stop before decoding a batch nobody reads
                     follower.advance(engine)
                     requests, keys = requests_of(batch)
                     tag = out.batches + len(inflight)
@@ -217,7 +221,7 @@ class Follower:
         self.run = rundir.RunReader(self.run_dir)  # config.json, latest and reader.json as the trainer writes them
         self.batch = 0
         self.version = 0
-        self.emitted = 0  # records written, counted as the trainer counts records_read (from the run's start)
+        self.emitted = 0  # records handed to the writer (written or queued), counted as records_read
         self.warned = False
 
     def lora_shape(self) -> dict:

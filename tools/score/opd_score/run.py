@@ -70,6 +70,8 @@ def run(config, inputs: list[str], writer, sources: list[InputSource] | None = N
                 count += len(window)
                 bar.update(len(window))
                 bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
+    except KeyboardInterrupt:
+        raise  # not waiting for a reader (the windows still queued are dropped)
     except BaseException:
         background.close(raise_error=False)  # the windows scored before the failure still go out
         raise

@@ -246,6 +246,19 @@ def sampled_ratio(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_lo
     return torch.exp(logp_N - behaviour_logp_N.float()).sum() / num_tokens
 
 
+def sampled_drift(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
+                  num_tokens: int) -> torch.Tensor:
+    """sum_t (r_t - 1 - log r_t) / #tokens, r_t = exp(log p_S(y_t) - log p_behaviour(y_t)) at temperature 1 (no
+    gradient): k3, an estimate of KL(behaviour || student) from the sampled tokens. Each summand is >= 0 and 0
+    only where the two agree, so it grows with the sampler's lag (and floors at the sampler-vs-trainer numerics
+    gap) where the mean ratio does not: over tokens drawn from the behaviour policy itself, the mean of r_t is
+    sum_y p_S(y) = 1 whatever the lag."""
+    logits_NV = logits_NV.detach().float()
+    logp_N = logits_NV.gather(-1, targets_N.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits_NV, -1)
+    log_r_N = logp_N - behaviour_logp_N.float()
+    return (torch.exp(log_r_N) - 1.0 - log_r_N).sum() / num_tokens
+
+
 def shift(logits_NV: torch.Tensor, ids_NK: torch.Tensor, delta_NK: torch.Tensor, targets_N: torch.Tensor,
           ref_logp_N: torch.Tensor, num_tokens: int, *, beta: float) -> LossOutput:
     """Direct-OPD: follow the teacher's fine-tuning shift over the student's top-k ids.

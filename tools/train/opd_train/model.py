@@ -224,9 +224,10 @@ class Student:
         ids = tok[key]
         ids_NK = ids if ids.dim() == 2 else ids.unsqueeze(-1)  # [N] (the sampled tokens) or [N, K]
         temperature = self.objective.temperature(self.config)
-        # a metric at the sampled tokens (fkl's ratio, at temperature 1) of a loss compacted at other ids: the
-        # sampled token is one more column (its index in the compacted logits becomes targets_N)
-        sampled = key != "targets_N" and any("targets_N" in call.args for _, call in self.objective.metrics)
+        # the sampled tokens read too (fkl's ratio and drift, at temperature 1) by a loss compacted at other ids:
+        # the sampled token is one more column (its index in the compacted logits becomes targets_N)
+        calls = [self.objective.call, *(call for _, call in self.objective.metrics)]
+        sampled = key != "targets_N" and any("targets_N" in call.args for call in calls)
         if sampled and temperature != 1.0:
             return logits_NV, tok
         if sampled:

@@ -213,8 +213,10 @@ _RL = dict(reads=("logprobs", "reward.total", "reward.correct"), build=_build_rl
            hint="score with opd-score --reward math", compact="targets_N", reference=lambda c: bool(c.kl_coef),
            group_advantages=True)
 
-# fkl reports the importance ratio it does not correct for: how far a loop at --max-lag >= 1 lagged
-_RATIO = (("ratio", Call("sampled_ratio", ("targets_N", "behaviour_logp", "num_tokens"))),)
+# fkl reports the importance ratio it does not correct for, and `drift` (k3 of KL(behaviour || student) at the
+# sampled tokens): how far a loop at --max-lag >= 1 lagged
+_RATIO = (("ratio", Call("sampled_ratio", ("targets_N", "behaviour_logp", "num_tokens"))),
+          ("drift", Call("sampled_drift", ("targets_N", "behaviour_logp", "num_tokens"))))
 _FKL_SELF = Objective(
     "fkl", reads=("logprobs", "example"), build=_build_fkl_self, self_teacher=True,
     call=Call("fkl_full", ("teacher_logits", "num_tokens"),
