@@ -50,8 +50,8 @@ def trained_by_step(records: list, rows: list) -> dict[int, list]:
 @pytest.mark.parametrize("engine", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_max_lag_0_is_strictly_on_policy(tiny_model, tiny_teacher, tmp_path, engine):
     """Every record step s trains on was sampled by checkpoint s - 1 (the base model for step 1), the rollout
-    stops when the trainer has its 3 steps, and the trainer's importance ratio is 1 at every step: the
-    engine's adapter and the trainer's student are the same policy."""
+    stops when the trainer has its 3 steps, and the trainer's importance ratio is 1 and its drift 0 at every
+    step: the engine's adapter and the trainer's student are the same policy."""
     records, rows = loop(tiny_model, tiny_teacher, tmp_path, engine, max_lag=0)
     assert [r["step"] for r in rows] == [1, 2, 3]
     for step, recs in trained_by_step(records, rows).items():
@@ -62,13 +62,15 @@ def test_max_lag_0_is_strictly_on_policy(tiny_model, tiny_teacher, tmp_path, eng
     assert len(records) <= 12 + 4  # at most the batch that was sampling when the trainer finished
     for row in rows:
         assert row["ratio"] == pytest.approx(1.0, abs=1e-3), row
+        assert 0 <= row["drift"] < 1e-5, row  # k3 of KL(sampler || trainer): none
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("max_lag", [1, 2])
 def test_max_lag_lets_the_rollout_run_that_many_steps_ahead(tiny_model, tiny_teacher, tmp_path, max_lag):
     """Step s trains on records sampled by checkpoints s - 1 .. s - 1 - L, and batch b waits for no more
-    than checkpoint b - L (recipes/opsd.sh runs at L = 2)."""
+    than checkpoint b - L (recipes/opsd.sh runs at L = 2); the trainer's `drift` is above 0 exactly at the steps
+    that trained on records of an older checkpoint."""
     records, rows = loop(tiny_model, tiny_teacher, tmp_path, "hf", max_lag=max_lag, steps=4)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for step, recs in trained_by_step(records, rows).items():
@@ -77,6 +79,9 @@ def test_max_lag_lets_the_rollout_run_that_many_steps_ahead(tiny_model, tiny_tea
     assert batch_versions[:2] == [0, 0]  # the second batch did not wait for step 1
     assert all(v >= b - max_lag for b, v in enumerate(batch_versions))
     assert batch_versions == sorted(batch_versions)
+    for row in rows:  # drift (k3 of KL(sampler || trainer)) sees the lag: 0 on-policy, > 0 on older records
+        versions = {r["policy"]["version"] for r in trained_by_step(records, rows)[row["step"]]}
+        assert (row["drift"] > 1e-5) == (versions != {row["step"] - 1}), (row, versions)
 
 
 @pytest.mark.slow

@@ -205,18 +205,19 @@ def _build_shift(obj, ex, rec, where, config, render) -> None:
 
 # --------------------------------------------------------------------------- the registry
 
+# every loss on sampled records reports `drift` (k3 of KL(behaviour || student) at the sampled tokens): how far a
+# loop at --max-lag >= 1 lagged; fkl also reports the importance ratio it does not correct for (rkl, grpo and
+# dapo report the one they apply)
+_DRIFT = (("drift", Call("sampled_drift", ("targets_N", "behaviour_logp", "num_tokens"))),)
 _PPO = Call("ppo_clip", ("targets_N", "behaviour_logp", "advantage", "num_tokens"),
             (("ref_logp_N", "ref_logp"), ("token_weight_N", "weight")),
             lambda c: {"clip_low": c.clip_low, "clip_high": c.clip_high, "dual_clip": c.dual_clip,
                        "kl_coef": c.kl_coef})
-_RL = dict(reads=("logprobs", "reward.total", "reward.correct"), build=_build_rl, call=_PPO,
+_RL = dict(reads=("logprobs", "reward.total", "reward.correct"), build=_build_rl, call=_PPO, metrics=_DRIFT,
            hint="score with opd-score --reward math", compact="targets_N", reference=lambda c: bool(c.kl_coef),
            group_advantages=True)
 
-# fkl reports the importance ratio it does not correct for, and `drift` (k3 of KL(behaviour || student) at the
-# sampled tokens): how far a loop at --max-lag >= 1 lagged
-_RATIO = (("ratio", Call("sampled_ratio", ("targets_N", "behaviour_logp", "num_tokens"))),
-          ("drift", Call("sampled_drift", ("targets_N", "behaviour_logp", "num_tokens"))))
+_RATIO = (("ratio", Call("sampled_ratio", ("targets_N", "behaviour_logp", "num_tokens"))), *_DRIFT)
 _FKL_SELF = Objective(
     "fkl", reads=("logprobs", "example"), build=_build_fkl_self, self_teacher=True,
     call=Call("fkl_full", ("teacher_logits", "num_tokens"),
@@ -227,7 +228,8 @@ OBJECTIVES: dict[str, Objective] = {obj.name: obj for obj in [
     Objective("sft", reads=(), build=_build_sft, call=Call("sft", ("targets_N", "num_tokens")), compact="targets_N"),
     Objective("rkl", reads=("logprobs", "teachers.NAME.logprobs"), build=_build_rkl, compact="targets_N",
               call=Call("rkl", ("targets_N", "behaviour_logp", "advantage", "num_tokens"),
-                        (("teacher_logp_N", "teacher_logp"),), lambda c: {"ratio_clip": c.ratio_clip})),
+                        (("teacher_logp_N", "teacher_logp"),), lambda c: {"ratio_clip": c.ratio_clip}),
+              metrics=_DRIFT),
     Objective("fkl", reads=("logprobs", "teachers.NAME.topk_ids", "teachers.NAME.topk_logprobs"), build=_build_fkl,
               hint="score with opd-score --topk K or --at-student-topk, or use --self-teacher",
               call=Call("fkl", ("ids", "teacher_logp", "num_tokens"),
