@@ -16,9 +16,10 @@ tokens the trainer trained on in steps warmup+1 .. steps over the wall-clock bet
 `warmup` and the end of the last), seconds per step, the time split per step (union of each stage's spans
 in that window: rollout decode / adapter load / waiting for the trainer, scoring, training, the
 checkpoint's snapshot and its background write, the trainer waiting for records), the importance ratio
-the trainer saw, and the rollout's fraction of its memory roofline (below). The JSON also records the
-machine (host CPU and load, GPU limits; benchmarks/machine.py) and, per run, GPU 0's median clocks, power
-and temperature over the measured window (`gpu_during_window`, from nvidia-smi where it exists).
+and the drift (k3 of KL(behaviour || student)) the trainer saw, and the rollout's fraction of its memory
+roofline (below). The JSON also records the machine (host CPU and load, GPU limits; benchmarks/machine.py)
+and, per run, GPU 0's median clocks, power and temperature over the measured window (`gpu_during_window`,
+from nvidia-smi where it exists).
 
     python benchmarks/bench_loop_gpu.py --json docs/figures/loop_gpu.json           # one GPU, 1.7B shape
     python benchmarks/bench_loop_gpu.py --tiny --runs opsd:hf:1,opd:vllm:1 --steps 3 --warmup 1   # CPU
@@ -178,6 +179,9 @@ def analyse(spans: list[dict], metrics: list[dict], warmup: int, model_shape: di
     if ratios:
         out["importance_ratio"] = {"mean": round(statistics.fmean(ratios), 5), "min": round(min(ratios), 5),
                                    "max": round(max(ratios), 5)}
+    drifts = [m["drift"] for m in rows if "drift" in m]
+    if drifts:  # k3 of KL(behaviour || student) at the sampled tokens: the lag, where the mean ratio stays ~1
+        out["drift"] = {"mean": float(f"{statistics.fmean(drifts):.3g}"), "max": float(f"{max(drifts):.3g}")}
     out["rollout"] = rollout_figures([s for s in spans if s["tool"] == "opd-rollout" and s["name"] == "decode"],
                                      lo, hi, model_shape, bw)
     return out

@@ -42,6 +42,7 @@ def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
             assert 0 <= split.get(key, 0) <= r["seconds_per_step"] + 0.01, (r["run"], key)
         assert r["rollout"]["decode_tokens_per_s"] > 0
     assert "scoring" in figures["results"][1]["split_seconds_per_step"]  # the external teacher's stage
-    for r in figures["results"]:  # fkl reports it, with the in-trainer teacher and with top-16 records
+    for r in figures["results"]:  # fkl reports them, with the in-trainer teacher and with top-16 records
         assert 0.5 < r["importance_ratio"]["mean"] < 2, r["run"]
+        assert 0 <= r["drift"]["mean"] <= r["drift"]["max"] < 1, r["run"]
     assert "| opsd:hf:1 |" in done.stdout
