@@ -46,7 +46,7 @@
 #     overlaps sampling and training (dapo's clipped ratio corrects for the lag): bench_loop_gpu.py's
 #     DAPO-shaped loop (16 x 8 x 1,024 tokens, grpo, random weights) made 11,704, 9,864 and 8,967
 #     completion tokens/s at lag 1 on three H100s and 12,416 on one H200 (docs/benchmarks.md); lag 0
-#     and the ratio a learning policy gives at lag 1 are not measured on a GPU.
+#     and the drift a learning policy gives at lag 1 are not measured on a GPU.
 #
 # First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --engine auto|vllm|hf, --extra-rollout/--extra-score/--extra-train

@@ -24,9 +24,9 @@
 #     an H100 (docs/benchmarks.md, bench_loop_gpu.py's `opd` loop: these three stages with opd-score
 #     --topk 16 and an fkl trainer, 32 x 1 x 1,024 tokens, Qwen3-1.7B shape): 6,398 completion tokens/s
 #     at lag 1 and 9,189 at --max-lag 2 (three batches decoding at once; 7,866 on a second H100; 9,666
-#     on one H200, importance ratio 1.0000 with a teacher that is the student's base weights). This
-#     recipe stays at 1: its lr (1e-4) is 20x opsd.sh's and rkl's ratio at lag 2 is not measured; raise
-#     it with --max-lag 2 and watch `ratio`. --max-lag 0 is fully on-policy (ratio 1).
+#     on one H200). This recipe stays at 1: its lr (1e-4) is 20x opsd.sh's and what lag 2 costs rkl is
+#     not measured; raise it with --max-lag 2 and watch `drift` in metrics.jsonl (k3 of KL(sampler ||
+#     trainer), docs/losses.md). --max-lag 0 is fully on-policy (ratio 1, drift 0).
 #
 # First: opd-check with the recipe's flags on 2 prompts (report on stderr; --no-check skips it).
 # Other flags: --out DIR (required), --data (train-math), --engine auto|vllm|hf (the rollout; the

@@ -30,11 +30,12 @@
 #     Measured (docs/benchmarks.md, bench_loop_gpu.py, Qwen3-1.7B shape, random weights): lag 2 7,186
 #     completion tokens/s on one H200 (4.53 s a step, ratio 0.9947) and 7,696, 6,543 and 6,835 on three
 #     H100s (4.26-5.01 s, ratio 0.9944-0.9945); on the first H100, lag 1 5,993 (5.47 s), ratio 0.9949;
-#     on the second, lag 0 3,962, ratio 0.9955 (not lag: the bf16 gap between vLLM and the trainer,
-#     seen through this recipe's top-p/top-k sampling). The ratio (mean
-#     exp(log p_S - log p_behaviour) at the sampled tokens) is reported, not applied: fkl has none; with random
-#     weights at lr 5e-6 the policy moves little, so watch `ratio` in metrics.jsonl on a real run and
-#     lower --max-lag if it falls well below its lag-0 value. --max-lag 0 is strictly on-policy, as the
+#     on the second, lag 0 3,962, ratio 0.9955 (no lag there: likely the bf16 gap between vLLM and the
+#     trainer, seen through this recipe's top-p/top-k sampling). The ratio (mean
+#     exp(log p_S - log p_behaviour) at the sampled tokens) is reported, not applied: fkl has none. The lag's
+#     gauge is `drift` in metrics.jsonl (k3 of KL(sampler || trainer), docs/losses.md; not yet measured on a
+#     GPU): with random weights at lr 5e-6 the policy moves little, so watch it on a real run and lower
+#     --max-lag if it grows well above its lag-0 value. --max-lag 0 is strictly on-policy, as the
 #     seed samples every step (the earlier strict loop measured 1,905 tokens/s on one H200). Each step's
 #     loss is one token mean over the batch.
 #   - The optimizer is opd-train's AdamW (constant schedule, no warm-up), weight decay 0.
