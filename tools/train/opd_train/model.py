@@ -15,7 +15,7 @@ position (an objective's `compact` in objectives.py: fkl on top-k ids, and sft/r
 token) the compiled function first compacts them (`compact_logits`): [N, V] -> [N, K + 1], the K ids' logits
 plus one column holding the logsumexp of the rest, which gives the loss the same log-probabilities, tail and
 gradient, in one fused pass over the vocabulary forward and one backward (no float32 [N, V] buffers); fkl's
-ratio metric reads the sampled token, which is then one more column ([N, K + 2]). Metric
+ratio and drift metrics read the sampled token, which is then one more column ([N, K + 2]). Metric
 contributions stay on the device (float64, as the eager sums were) until the micro-batch's backward has been
 queued: one host sync per micro-batch, not per chunk.
 """

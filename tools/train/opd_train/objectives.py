@@ -180,12 +180,12 @@ def _build_fkl(obj, ex, rec, where, config, render) -> None:
     if block.get("topk_ids") is None or block.get("topk_logprobs") is None:
         raise _missing(where, f"teachers.{name} has no topk_ids/topk_logprobs", config, obj.hint)
     ex.tokens.update(ids=_i64(block["topk_ids"]), teacher_logp=_f32(block["topk_logprobs"]),
-                     behaviour_logp=_f32(rec["logprobs"]))  # the "ratio" metric only
+                     behaviour_logp=_f32(rec["logprobs"]))  # the ratio and drift metrics only
 
 
 def _build_fkl_self(obj, ex, rec, where, config, render) -> None:
     ex.teacher_context = _i64(render(rec, where))
-    ex.tokens["behaviour_logp"] = _f32(rec["logprobs"])  # the "ratio" metric only
+    ex.tokens["behaviour_logp"] = _f32(rec["logprobs"])  # the ratio and drift metrics only
 
 
 def _build_rl(obj, ex, rec, where, config, render) -> None:
