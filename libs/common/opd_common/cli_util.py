@@ -22,6 +22,17 @@ def setup_logging(quiet: bool = False) -> None:
                         format="%(name)s: %(message)s")
 
 
+def leave_quietly() -> None:
+    """The reader went away (`| head`, or opd-train done with its --max-steps): stop quietly, from any thread (a
+    record writer's too: the main thread may be blocked reading input that will not come). os._exit, not
+    sys.exit: a reader thread may still block on stdin, and interpreter shutdown would abort on it. vLLM's
+    engine-core processes go first: left behind, they would hold the GPU's memory."""
+    for llm in list(_VLLM["engines"]):
+        close_vllm(llm)
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def handle_errors(func):
     """Turn OpdError (and a closed stdout pipe) into a ClickException with one clear line."""
 
@@ -32,13 +43,7 @@ def handle_errors(func):
         except OpdError as exc:
             raise click.ClickException(str(exc)) from None
         except BrokenPipeError:
-            # The reader went away (`| head`, or opd-train done with its --max-steps): stop quietly. os._exit,
-            # not sys.exit: a reader thread may still block on stdin, and interpreter shutdown would abort on it.
-            # vLLM's engine-core processes go first: left behind, they would hold the GPU's memory.
-            for llm in list(_VLLM["engines"]):
-                close_vllm(llm)
-            sys.stderr.flush()
-            os._exit(0)
+            leave_quietly()
 
     return wrapper
 

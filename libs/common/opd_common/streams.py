@@ -309,15 +309,16 @@ class BackgroundWriter:
     only while `depth` batches already wait; batches are written in order, each flushed. A write's error
     (BrokenPipeError when the reader has gone) is raised by the next `put` or by `close`, which waits until
     every batch handed over is written: records made before a failure are not lost (`close(raise_error=False)`
-    on the failure's path, so that the failure is the one reported; not on an interrupt, which should not wait
-    for a reader). `depth` batches wait at most, besides the one being written."""
+    on the failure's path, so that the failure is the one reported). `depth` batches wait at most, besides the
+    one being written. `on_broken_pipe` is called in the thread when the reader has gone (the CLIs leave at
+    once: their main thread may be blocked reading input that will not come)."""
 
     _DONE = object()
 
-    def __init__(self, writer, depth: int = 1, tool: str | None = None):
+    def __init__(self, writer, depth: int = 1, tool: str | None = None, on_broken_pipe=None):
         from .timeline import timeline
 
-        self.writer = writer
+        self.writer, self._on_broken_pipe = writer, on_broken_pipe
         self._timeline = timeline(tool) if tool else None  # made here: the thread only writes its spans
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._error: BaseException | None = None
@@ -340,6 +341,8 @@ class BackgroundWriter:
                         self._write(records)
             except BaseException as exc:  # noqa: BLE001 - raised again in the producer's thread
                 self._error = exc
+                if isinstance(exc, BrokenPipeError) and self._on_broken_pipe is not None:
+                    self._on_broken_pipe()  # the producer may be blocked on its input: it would never see it
 
     def _write(self, records) -> None:
         for rec in records:

@@ -11,6 +11,7 @@ from typing import Any
 
 from opd_common import rundir
 from opd_common.batching import batches
+from opd_common.cli_util import leave_quietly
 from opd_common.engines import derive_seed
 from opd_common.errors import OpdError
 from opd_common.prompts import Prompter, PromptRow, iter_prompt_rows, resolve_prompt_specs
@@ -109,8 +110,6 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
                         completions = engine.generate(requests)
                         span["tokens"] = sum(len(c.response_ids) for c in completions)
                     out.write(keys, completions, config.adapter)
-    except KeyboardInterrupt:
-        raise  # not waiting for a reader (the batches still queued are dropped)
     except BaseException:
         out.background.close(raise_error=False)  # the batches made before the failure still go out
         raise
@@ -133,7 +132,7 @@ class _Output:
     def __init__(self, config, writer, follower):
         self.config, self.follower = config, follower
         depth = config.max_lag + 1 if follower is not None else 1
-        self.background = BackgroundWriter(writer, depth, tool="opd-rollout")
+        self.background = BackgroundWriter(writer, depth, tool="opd-rollout", on_broken_pipe=leave_quietly)
         self.t0, self.tokens, self.samples, self.batches = time.perf_counter(), 0, 0, 0
         self.bar = None
 

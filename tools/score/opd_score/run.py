@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 from opd_common.batching import batches
+from opd_common.cli_util import leave_quietly
 from opd_common.streams import BackgroundWriter, InputSource, iter_inputs
 
 from .scorer import Scorer
@@ -61,7 +62,7 @@ def run(config, inputs: list[str], writer, sources: list[InputSource] | None = N
     t0, tokens, count = time.perf_counter(), 0, 0
     # windows go out in a writer thread: the next window is read and scored while the reader (a trainer in its
     # step) has not read the last one yet
-    background = BackgroundWriter(writer, depth=1, tool="opd-score")
+    background = BackgroundWriter(writer, depth=1, tool="opd-score", on_broken_pipe=leave_quietly)
     try:
         with progress(None, "record", config.quiet, "opd-score") as bar:
             for window in scored:
@@ -70,8 +71,6 @@ def run(config, inputs: list[str], writer, sources: list[InputSource] | None = N
                 count += len(window)
                 bar.update(len(window))
                 bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
-    except KeyboardInterrupt:
-        raise  # not waiting for a reader (the windows still queued are dropped)
     except BaseException:
         background.close(raise_error=False)  # the windows scored before the failure still go out
         raise
