@@ -317,19 +317,26 @@ def test_the_next_batch_decodes_while_the_reader_has_not_read_the_last(tiny_mode
     def spans(name: str) -> dict:
         return {s["batch"]: s for s in (read(timeline) if timeline.exists() else []) if s["name"] == name}
 
+    decoded_unread, out = read_after(cmd, timeline, lambda: 1 in spans("decode"))
+    assert decoded_unread, "batch 1 was not decoded while batch 0 waited in the pipe"
+    assert spans("decode")[1]["end"] < spans("write")[0]["end"]
+    assert out == reference
+
+
+def read_after(cmd: list[str], timeline: Path, ready, wait: float = 90) -> tuple[bool, bytes]:
+    """Run `cmd` with OPD_TIMELINE=timeline and read nothing of its stdout until ready() (or it exits, or `wait`
+    seconds pass); then read it all. (ready() at that point, its stdout.)"""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env={**os.environ, "OPD_TIMELINE": str(timeline)})
     try:
-        deadline = time.monotonic() + 90
-        while 1 not in spans("decode") and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)  # nothing of stdout read yet
-        decoded_unread = 1 in spans("decode")
+        deadline = time.monotonic() + wait
+        while not ready() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        was_ready = ready()
         out = proc.stdout.read()
         assert proc.wait(timeout=60) == 0
     finally:
         proc.kill()
-    assert decoded_unread, "batch 1 was not decoded while batch 0 waited in the pipe"
-    assert spans("decode")[1]["end"] < spans("write")[0]["end"]
-    assert out == reference
+    return was_ready, out
 
 
 @pytest.mark.slow  # a real subprocess: ~10 s of interpreter and torch start-up

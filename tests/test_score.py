@@ -18,7 +18,7 @@ import numpy as np
 import orjson
 import pytest
 from click.testing import CliRunner
-from test_rollout import BIN, _line_reader, load_model, load_tokenizer, ok, parse, rollout
+from test_rollout import BIN, _line_reader, load_model, load_tokenizer, ok, parse, read_after, rollout
 
 from opd_common.models import render_chat
 from opd_common.prompts import bundled_dir, load
@@ -401,9 +401,6 @@ def test_the_next_window_is_scored_while_the_reader_has_not_read_the_last(tiny_m
     """Scored windows go out in a writer thread: a window several times a pipe's buffer that the next stage does
     not read yet (a trainer in its step) does not hold back the next window's scoring (OPD_TIMELINE); once read,
     the stream is byte for byte the one a ready reader gets."""
-    import os
-    import time
-
     from opd_common.timeline import read
 
     records = tmp_path / "rollouts.jsonl"
@@ -420,16 +417,7 @@ def test_the_next_window_is_scored_while_the_reader_has_not_read_the_last(tiny_m
     def spans(name: str) -> list:
         return [s for s in (read(timeline) if timeline.exists() else []) if s["name"] == name]
 
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env={**os.environ, "OPD_TIMELINE": str(timeline)})
-    try:
-        deadline = time.monotonic() + 90
-        while len(spans("score")) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)  # nothing of stdout read yet
-        scored_unread = len(spans("score")) >= 2
-        out = proc.stdout.read()
-        assert proc.wait(timeout=60) == 0
-    finally:
-        proc.kill()
+    scored_unread, out = read_after(cmd, timeline, lambda: len(spans("score")) >= 2)
     assert scored_unread, "window 2 was not scored while window 1 waited in the pipe"
     assert spans("score")[1]["end"] < spans("write")[0]["end"]
     assert out == reference
