@@ -659,6 +659,50 @@ def test_data_parallel_gives_the_same_records_in_the_same_order(rollouts, tiny_t
         assert orjson.dumps(a, option=orjson.OPT_SERIALIZE_NUMPY) == orjson.dumps(b, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
+@pytest.mark.slow  # a real subprocess with two spawned workers: ~15 s of interpreter and torch start-up
+def test_data_parallel_workers_end_with_the_parent_when_the_reader_goes(rollouts, tiny_teacher, tmp_path):
+    """`opd-score --data-parallel 2 | head -1`: the parent leaves at once when its reader has gone (os._exit,
+    which runs no finally block), and its workers, each holding its teachers (a GPU's memory), go with it
+    instead of waiting for windows forever."""
+    import os
+    import time
+    import uuid
+
+    path, _ = rollouts
+    many = tmp_path / "many.jsonl"
+    many.write_bytes(Path(path).read_bytes() * 40)  # 240 windows of one record: far more than the reader takes
+    mark = f"OPD_TEST_MARK={uuid.uuid4().hex}"
+
+    def marked() -> list[int]:  # processes whose environment carries `mark`: the parent and its children
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if mark.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    found.append(int(pid))
+            except OSError:
+                pass
+        return found
+
+    proc = subprocess.Popen([str(BIN / "opd-score"), "--quiet", "--teacher", f"t={tiny_teacher}", "--window", "1",
+                             "--data-parallel", "2", str(many)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, mark.split("=")[0]: mark.split("=")[1]})
+    try:
+        assert json.loads(proc.stdout.readline())["id"]
+        assert len(marked()) >= 3, "expected the parent and two workers (and multiprocessing's resource tracker)"
+        proc.stdout.close()  # the reader goes: the parent's next write fails
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+        deadline = time.monotonic() + 20
+        while marked() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marked() == [], "a scoring worker outlived its parent"
+    finally:
+        for pid in [proc.pid, *marked()]:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+
+
 def test_data_parallel_worker_errors_reach_the_user(rollouts, tiny_teacher, tmp_path):
     """A record error inside a worker is reported like a single-process one, naming the record."""
     _, recs = rollouts

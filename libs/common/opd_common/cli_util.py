@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -26,9 +27,12 @@ def leave_quietly() -> None:
     """The reader went away (`| head`, or opd-train done with its --max-steps): stop quietly, from any thread (a
     record writer's too: the main thread may be blocked reading input that will not come). os._exit, not
     sys.exit: a reader thread may still block on stdin, and interpreter shutdown would abort on it. vLLM's
-    engine-core processes go first: left behind, they would hold the GPU's memory."""
+    engine-core processes go first: left behind, they would hold the GPU's memory; so do the processes
+    registered with `stopped_on_leaving` (opd-score's data-parallel workers, each holding its teachers)."""
     for llm in list(_VLLM["engines"]):
         close_vllm(llm)
+    for stop in list(_ON_LEAVING):
+        stop()
     sys.stderr.flush()
     os._exit(0)
 
@@ -93,6 +97,18 @@ def progress(total: int | None, unit: str, quiet: bool, desc: str):
 
 
 _VLLM = {"engines": [], "used": False}
+_ON_LEAVING: list = []  # callables leave_quietly runs before os._exit
+
+
+@contextlib.contextmanager
+def stopped_on_leaving(stop):
+    """Within the block, `leave_quietly` calls `stop()` before the process ends: os._exit runs no finally
+    block, so child processes the block would have stopped on its way out are stopped here instead."""
+    _ON_LEAVING.append(stop)
+    try:
+        yield
+    finally:
+        _ON_LEAVING.remove(stop)
 
 
 def vllm_started(llm) -> None:

@@ -10,6 +10,7 @@ A feeder thread reads the input, so a scored window goes out while the input pau
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import pickle
@@ -17,6 +18,7 @@ import queue
 import traceback
 from collections.abc import Iterator
 
+from opd_common.cli_util import stopped_on_leaving
 from opd_common.errors import ConfigError
 
 _STOP = None
@@ -82,7 +84,6 @@ def _picklable(exc: BaseException) -> BaseException:
 def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
     """Yield scored windows in input order, scored by `n` worker processes."""
     import multiprocessing as mp
-    import threading
 
     setups = worker_devices(config, n)
     ctx = mp.get_context("spawn")
@@ -91,6 +92,21 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
                          name=f"opd-score-worker-{r}") for r in range(n)]
     for p in procs:
         p.start()
+    with stopped_on_leaving(functools.partial(_stop, procs)):  # a reader gone ends this process with os._exit
+        yield from _in_order(windows, procs, tasks, results, n)
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+
+
+def _in_order(windows: Iterator[list], procs: list, tasks, results, n: int) -> Iterator[list]:
+    """score_in_workers' parent side: feed the windows, yield the results in input order, then stop the workers
+    and log their alignment counts; any worker still alive at the end (an error) is terminated."""
+    import threading
+
     # A feeder thread hands windows out as they arrive, so a scored window goes out while the input
     # pauses (the on-policy loop: the rollout waits for the trainer, which waits for these records).
     slots = threading.Semaphore(2 * n)
@@ -135,9 +151,7 @@ def score_in_workers(config, windows: Iterator[list], n: int) -> Iterator[list]:
         for p in procs:
             p.join(timeout=60)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
+        _stop(procs)
 
 
 def _messages(results, procs, stopped) -> Iterator[tuple | None]:
