@@ -6,6 +6,12 @@ projections, 392 tensors), as opd-rollout --follow calls it for every version, w
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that cProfile sees the load. Each
 variant writes `--versions` adapters (fp32 as opd-train saves them, and bf16) and times add_lora of each; the
 first load of a variant is reported apart (it allocates the CPU cache's pinned buffers).
+
+With `--contend`, each variant's versions are then loaded again while another process keeps the GPU busy with
+bf16 matrix products (a stand-in for opd-train's step in the on-policy loop, where two processes time-share the
+GPU and `add_lora` took 2.0-2.4 s against 0.07-0.09 s alone), and torch.profiler's table of the last contended
+load says which CUDA calls wait (a runtime call that waits for the other process's time slice shows as CPU time
+in cudaHostAlloc, cudaMemcpyAsync, cudaStreamSynchronize and the like).
 """
 
 from __future__ import annotations
@@ -51,12 +57,69 @@ def write_adapters(model_dir: Path, out: Path, versions: int, dtype) -> list[Pat
     return folders
 
 
+def contend(seconds: float) -> None:
+    """Keep the GPU busy (8192^2 bf16 products, back to back) for `seconds`; print "ready" once running."""
+    import torch
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    end = time.monotonic() + seconds
+    for i in range(10**9):
+        a @ b
+        if i == 3:
+            torch.cuda.synchronize()
+            print("ready", flush=True)
+        if i % 8 == 0:
+            torch.cuda.synchronize()  # a training step's queue stays short, as here
+            if time.monotonic() > end:
+                return
+
+
+def load_contended(engine, requests: list, top: int) -> dict:
+    """add_lora of each request while a second process keeps the GPU busy; the last one profiled."""
+    import subprocess
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    worker = subprocess.Popen([sys.executable, __file__, "--contend-worker", "600"], stdout=subprocess.PIPE, text=True)
+    try:
+        if worker.stdout.readline().strip() != "ready":
+            raise RuntimeError("the contending process did not start")
+        times = []
+        for i, request in enumerate(requests):
+            last = i == len(requests) - 1
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if last else None
+            if prof:
+                prof.__enter__()
+            t0 = time.perf_counter()
+            engine.add_lora(request)
+            returned = time.perf_counter() - t0
+            torch.cuda.synchronize()
+            times.append((returned, time.perf_counter() - t0))
+            if prof:
+                prof.__exit__(None, None, None)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+    finally:
+        worker.kill()
+        worker.wait()
+    print(table, flush=True)
+    return {"returned_s": [round(r, 4) for r, _ in times], "synchronized_s": [round(t, 4) for _, t in times],
+            "median_returned_s": round(statistics.median(r for r, _ in times), 4), "profile_table": table}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--versions", type=int, default=6)
     parser.add_argument("--json")
     parser.add_argument("--profile-top", type=int, default=25)
+    parser.add_argument("--contend", action="store_true",
+                        help="also load each variant while another process keeps the GPU busy (profiled)")
+    parser.add_argument("--contend-worker", type=float, help=argparse.SUPPRESS)  # the busy process itself
     args = parser.parse_args()
+    if args.contend_worker:
+        contend(args.contend_worker)
+        return 0
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     import torch
@@ -94,6 +157,14 @@ def main() -> int:
         print(f"{name}: first {times[0]:.3f} s, then median {statistics.median(times[1:]):.3f} s "
               f"({results[name]['adapter_bytes'] / 2**20:.0f} MiB)", flush=True)
         print(text.getvalue()[:6000], flush=True)
+        if args.contend:
+            requests = []
+            for i, folder in enumerate(folders):
+                requests.append(LoRARequest(f"{name}{i}-contended", next_id, str(folder)))
+                next_id += 1
+            results[name]["contended"] = load_contended(engine, requests, args.profile_top)
+            print(f"{name} while the GPU is busy: median {results[name]['contended']['median_returned_s']:.3f} s",
+                  flush=True)
     figures = {"device": torch.cuda.get_device_name(), "results": results}
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
