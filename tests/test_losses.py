@@ -585,16 +585,23 @@ def assert_bf16_accepted(fn, z: torch.Tensor) -> None:
     assert close(out.loss, ref.loss, 1e-6)
 
 
-def test_sampled_ratio_is_the_mean_importance_ratio_at_temperature_1():
-    """exp(log p_S(y_t) - behaviour_t) averaged over tokens (numpy reference); 1 when the sampler is the student."""
+def _sampled_case(seed: int, noise: float):
+    """(rng, logits [5, 11], sampled targets, their log p_S (numpy), behaviour log-probs = those + noise)."""
     import numpy
 
-    rng = numpy.random.default_rng(3)
+    rng = numpy.random.default_rng(seed)
     logits = rng.normal(size=(5, 11)) * 2
     targets = rng.integers(0, 11, size=5)
     logp = logits - numpy.log(numpy.exp(logits).sum(-1, keepdims=True))
     chosen = logp[numpy.arange(5), targets]
-    behaviour = chosen + rng.normal(size=5) * 0.1
+    return rng, logits, targets, chosen, chosen + rng.normal(size=5) * noise
+
+
+def test_sampled_ratio_is_the_mean_importance_ratio_at_temperature_1():
+    """exp(log p_S(y_t) - behaviour_t) averaged over tokens (numpy reference); 1 when the sampler is the student."""
+    import numpy
+
+    _, logits, targets, chosen, behaviour = _sampled_case(3, noise=0.1)
     expected = numpy.exp(chosen - behaviour).sum() / 7
     got = L.sampled_ratio(torch.tensor(logits), torch.tensor(targets), torch.tensor(behaviour), 7)
     assert float(got) == pytest.approx(expected, rel=1e-6)
@@ -608,12 +615,7 @@ def test_sampled_drift_is_k3_and_sees_a_lag_the_mean_ratio_does_not():
     vocabulary), while k3 estimates KL(p_b || p_S)."""
     import numpy
 
-    rng = numpy.random.default_rng(4)
-    logits = rng.normal(size=(5, 11)) * 2
-    targets = rng.integers(0, 11, size=5)
-    logp = logits - numpy.log(numpy.exp(logits).sum(-1, keepdims=True))
-    chosen = logp[numpy.arange(5), targets]
-    behaviour = chosen + rng.normal(size=5) * 0.3
+    rng, logits, targets, chosen, behaviour = _sampled_case(4, noise=0.3)
     log_r = chosen - behaviour
     got = L.sampled_drift(torch.tensor(logits), torch.tensor(targets), torch.tensor(behaviour), 7)
     assert float(got) == pytest.approx((numpy.exp(log_r) - 1 - log_r).sum() / 7, rel=1e-6)

@@ -308,9 +308,9 @@ class BackgroundWriter:
     (opd-train) reads a step's records only when the step before is done. `put` hands a batch over and blocks
     only while `depth` batches already wait; batches are written in order, each flushed. A write's error
     (BrokenPipeError when the reader has gone) is raised by the next `put` or by `close`, which waits until
-    every batch handed over is written: records made before a failure are not lost (`close(raise_error=False)`
-    on the failure's path, so that the failure is the one reported). `depth` batches wait at most, besides the
-    one being written. `on_broken_pipe` is called in the thread when the reader has gone (the CLIs leave at
+    every batch handed over is written: records made before a failure are not lost (as a context manager it
+    closes on the way out, and a failure in the block stays the one reported). `depth` batches wait at most,
+    besides the one being written. `on_broken_pipe` is called in the thread when the reader has gone (the CLIs leave at
     once: their main thread may be blocked reading input that will not come)."""
 
     _DONE = object()
@@ -365,6 +365,12 @@ class BackgroundWriter:
             self._thread.join()
         if raise_error:
             self.check()
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(raise_error=exc_type is None)
 
 
 @dataclass

@@ -93,27 +93,23 @@ def run(config, inputs: list[str], writer, engine=None, sources: list[InputSourc
         return requests, keys
 
     out = _Output(config, writer, follower)
-    try:
-        with progress(None, "sample", config.quiet, "opd-rollout") as bar:
-            out.bar = bar
-            if follower is not None and config.max_lag >= 1 and hasattr(engine, "submit"):
-                _pipelined(config, batches(rows, config.batch_prompts), engine, follower, requests_of, out)
-            else:
-                tl = timeline("opd-rollout")
-                for batch in batches(rows, config.batch_prompts):
-                    if follower is not None and not follower.before_batch(engine):
-                        break
-                    out.background.check()  # a reader gone: stop before decoding a batch nobody reads
-                    requests, keys = requests_of(batch)
-                    with tl.span("decode", batch=out.batches, version=follower.version if follower else 0,
-                                 **_sizes(requests)) as span:
-                        completions = engine.generate(requests)
-                        span["tokens"] = sum(len(c.response_ids) for c in completions)
-                    out.write(keys, completions, config.adapter)
-    except BaseException:
-        out.background.close(raise_error=False)  # the batches made before the failure still go out
-        raise
-    out.background.close()  # the last batches written (a write's error is raised here)
+    # on a failure the batches made before it still go out; a write's error is raised on the way out
+    with out.background, progress(None, "sample", config.quiet, "opd-rollout") as bar:
+        out.bar = bar
+        if follower is not None and config.max_lag >= 1 and hasattr(engine, "submit"):
+            _pipelined(config, batches(rows, config.batch_prompts), engine, follower, requests_of, out)
+        else:
+            tl = timeline("opd-rollout")
+            for batch in batches(rows, config.batch_prompts):
+                if follower is not None and not follower.before_batch(engine):
+                    break
+                out.background.check()  # a reader gone: stop before decoding a batch nobody reads
+                requests, keys = requests_of(batch)
+                with tl.span("decode", batch=out.batches, version=follower.version if follower else 0,
+                             **_sizes(requests)) as span:
+                    completions = engine.generate(requests)
+                    span["tokens"] = sum(len(c.response_ids) for c in completions)
+                out.write(keys, completions, config.adapter)
     seconds = time.perf_counter() - out.t0
     log.info("%d samples, %d response tokens in %.1f s (%.0f tok/s, engine %s)",
              out.samples, out.tokens, seconds, out.tokens / max(seconds, 1e-9), engine.name)

@@ -61,20 +61,15 @@ def run(config, inputs: list[str], writer, sources: list[InputSource] | None = N
         scored = score_here(config, windows)
     t0, tokens, count = time.perf_counter(), 0, 0
     # windows go out in a writer thread: the next window is read and scored while the reader (a trainer in its
-    # step) has not read the last one yet
-    background = BackgroundWriter(writer, depth=1, tool="opd-score", on_broken_pipe=leave_quietly)
-    try:
-        with progress(None, "record", config.quiet, "opd-score") as bar:
-            for window in scored:
-                background.put([rec for rec, _ in window], window=count)
-                tokens += sum(len(rec["response_ids"]) for rec, _ in window)
-                count += len(window)
-                bar.update(len(window))
-                bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
-    except BaseException:
-        background.close(raise_error=False)  # the windows scored before the failure still go out
-        raise
-    background.close()
+    # step) has not read the last one yet; on a failure the windows scored before it still go out
+    with BackgroundWriter(writer, depth=1, tool="opd-score", on_broken_pipe=leave_quietly) as background, \
+            progress(None, "record", config.quiet, "opd-score") as bar:
+        for window in scored:
+            background.put([rec for rec, _ in window], window=count)
+            tokens += sum(len(rec["response_ids"]) for rec, _ in window)
+            count += len(window)
+            bar.update(len(window))
+            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s")
     seconds = time.perf_counter() - t0
     log.info("%d records, %d response tokens in %.1f s (%.0f tok/s)", count, tokens, seconds,
              tokens / max(seconds, 1e-9))

@@ -241,9 +241,7 @@ def sampled_ratio(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_lo
                   num_tokens: int) -> torch.Tensor:
     """sum_t exp(log p_S(y_t) - log p_behaviour(y_t)) / #tokens at temperature 1 (no gradient): the importance
     ratio a loss without one (fkl) reports, so a loop at --max-lag >= 1 shows how far the sampler lagged."""
-    logits_NV = logits_NV.detach().float()
-    logp_N = logits_NV.gather(-1, targets_N.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits_NV, -1)
-    return torch.exp(logp_N - behaviour_logp_N.float()).sum() / num_tokens
+    return torch.exp(_sampled_log_ratio(logits_NV, targets_N, behaviour_logp_N)).sum() / num_tokens
 
 
 def sampled_drift(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
@@ -253,10 +251,15 @@ def sampled_drift(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_lo
     only where the two agree, so it grows with the sampler's lag (and floors at the sampler-vs-trainer numerics
     gap) where the mean ratio does not: over tokens drawn from the behaviour policy itself, the mean of r_t is
     sum_y p_S(y) = 1 whatever the lag."""
+    log_r_N = _sampled_log_ratio(logits_NV, targets_N, behaviour_logp_N)
+    return (torch.exp(log_r_N) - 1.0 - log_r_N).sum() / num_tokens
+
+
+def _sampled_log_ratio(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor):
+    """log p_S(y_t) - log p_behaviour(y_t) at temperature 1, float32, no gradient."""
     logits_NV = logits_NV.detach().float()
     logp_N = logits_NV.gather(-1, targets_N.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits_NV, -1)
-    log_r_N = logp_N - behaviour_logp_N.float()
-    return (torch.exp(log_r_N) - 1.0 - log_r_N).sum() / num_tokens
+    return logp_N - behaviour_logp_N.float()
 
 
 def shift(logits_NV: torch.Tensor, ids_NK: torch.Tensor, delta_NK: torch.Tensor, targets_N: torch.Tensor,
