@@ -178,7 +178,8 @@ def load_contended(engine, requests: list, top: int, threads: int | None = None)
         worker.wait()
         torch.set_num_threads(before)
     print(table, flush=True)
-    return {"torch_threads": threads or before, "returned_s": [round(r, 4) for r, _ in times], "synchronized_s": [round(t, 4) for _, t in times],
+    return {"torch_threads": threads or before, "returned_s": [round(r, 4) for r, _ in times],
+            "synchronized_s": [round(t, 4) for _, t in times],
             "median_returned_s": round(statistics.median(r for r, _ in times), 4), "profile_table": table}
 
 
