@@ -314,6 +314,26 @@ def mps_daemon(tmp: Path, env: dict):
             print("warning: the MPS daemon did not quit within 60 s", file=sys.stderr, flush=True)
 
 
+def missing_modules(runs: str) -> list[str]:
+    """What the runs need and this Python lacks (found before minutes of model writing and engine starts are
+    spent): vllm for a vllm run, math_verify for the dapo loop's rewards."""
+    import importlib.util
+
+    needs = set()
+    for spec in runs.split(","):
+        loop, engine, *_ = spec.split(":") + [""]
+        needs |= {"vllm"} if engine == "vllm" else set()
+        needs |= {"math_verify"} if loop == "dapo" else set()
+
+    def absent(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is None
+        except (ImportError, ValueError):  # a finder that refuses it, a broken install
+            return True
+
+    return sorted(filter(absent, needs))
+
+
 def table(results: list[dict]) -> str:
     lines = ["| run | tokens/s | s/step | decode | adapter | rollout waits | scoring | training | policy share | "
              "snapshot | write (bg) | trainer waits | ratio | roofline |", "|" + "---|" * 14]
@@ -356,6 +376,10 @@ def main() -> int:
         args.train_compile = torch.cuda.is_available() and not args.tiny
     if args.warmup < 1 or args.steps <= args.warmup:
         parser.error("need 1 <= --warmup < --steps")
+    if missing := missing_modules(args.runs):
+        parser.error(f"--runs {args.runs} needs {' and '.join(missing)}, not installed here: pip install "
+                     "'opd[eval]' (math_verify) or 'opd[gpu]' (vllm); on the device machine carry "
+                     "benchmarks/gpu/pack-wheels.sh's parts, which hold both")
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="opd-bench-loop-"))
     tmp.mkdir(parents=True, exist_ok=True)
     model = build_models(tmp, args.tiny)

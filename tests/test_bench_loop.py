@@ -46,3 +46,25 @@ def test_the_loop_benchmark_measures_each_stage_of_each_run(tmp_path):
         assert 0.5 < r["importance_ratio"]["mean"] < 2, r["run"]
         assert 0 <= r["drift"]["mean"] <= r["drift"]["max"] < 1, r["run"]
     assert "| opsd:hf:1 |" in done.stdout
+
+
+def test_a_run_whose_module_is_missing_is_refused_before_anything_starts(tmp_path):
+    """A dapo run needs math_verify (its rewards), a vllm run vllm: the script says so in one line at once, not
+    after minutes of model writing and engine starts (a device lease spent that way once). Here math_verify is
+    hidden by a meta-path finder placed before Python's own."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'math_verify':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_loop_gpu.py"), "--tiny",
+                          "--runs", "opsd:hf:0,dapo:hf:1", "--keep", str(tmp_path / "work")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "--runs opsd:hf:0,dapo:hf:1 needs math_verify, not installed here" in out.stderr
+    assert not (tmp_path / "work").exists()  # nothing written
