@@ -46,7 +46,6 @@ def test_a_gpu_engine_started_inside_gets_one_thread_spawned_or_forked_and_this_
         assert int(subprocess.check_output(SPAWNED, text=True)) == 1
         assert _forked_threads() == 1
     assert torch.get_num_threads() == 2 and "OMP_NUM_THREADS" not in os.environ
-    assert int(subprocess.check_output(SPAWNED, text=True)) > 1 or os.cpu_count() == 1
 
 
 @pytest.mark.parametrize("on_cpu, user", [(True, None), (False, "3")])
