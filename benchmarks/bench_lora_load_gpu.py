@@ -15,6 +15,9 @@ scaling each lora_b on the CPU), 2-4 s a load against 3.7 ms of GPU time, each o
 operators waiting for the core the busy process holds. `--threads 1` loads the versions once more with that
 many torch CPU threads, as opd's GPU engines run since (`engine_cpu_threads`); `--eager` skips vLLM's compile
 and CUDA graphs, which a load does not touch, to start in seconds.
+
+    python benchmarks/bench_lora_load_gpu.py --contend --eager --threads 1 --versions 4    # the A/B in one engine
+    python benchmarks/bench_lora_load_gpu.py --replay 20 --threads 1    # no vLLM: add_lora's steps, GPU or CPU
 """
 
 from __future__ import annotations
