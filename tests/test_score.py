@@ -704,14 +704,17 @@ def test_data_parallel_workers_end_with_the_parent_when_the_reader_goes(rollouts
 
 
 def test_data_parallel_worker_errors_reach_the_user(rollouts, tiny_teacher, tmp_path):
-    """A record error inside a worker is reported like a single-process one, naming the record."""
+    """A record error inside a worker is reported like a single-process one, naming the record. The window before
+    it, scored by the other worker, comes out whole when its result reaches the parent before the error does (as
+    in one process: test_reward_without_answer_names_the_record), and not at all otherwise: a race, both fine."""
     _, recs = rollouts
     broken = [dict(r) for r in recs[:2]]
     broken[1]["example"] = {k: v for k, v in broken[1]["example"].items() if k != "answer"}
     path = write_records(tmp_path / "broken.jsonl", broken)
     result = score("--reward", "math", "--window", "1", "--data-parallel", "2", path)
-    assert result.exit_code != 0
-    assert "record 2 of" in error_of(result) and "no 'answer' field" in error_of(result)
+    assert result.exit_code == 1
+    assert [r["id"] for r in parse(result.stdout_bytes)] in ([], [recs[0]["id"]])
+    assert "record 2 of" in result.stderr and "no 'answer' field" in result.stderr
 
 
 def _silent_exit() -> None:  # a worker that ends without a word
