@@ -23,6 +23,7 @@ and CUDA graphs, which a load does not touch, to start in seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -89,13 +90,26 @@ def contend(seconds: float) -> None:
                 return
 
 
+@contextlib.contextmanager
+def busy_process():
+    """The --contend-worker process, running (it said "ready") for the block's duration."""
+    import subprocess
+
+    worker = subprocess.Popen([sys.executable, __file__, "--contend-worker", "600"], stdout=subprocess.PIPE, text=True)
+    try:
+        if worker.stdout.readline().strip() != "ready":
+            raise RuntimeError("the contending process did not start")
+        yield
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def replay(threads: list[int], repeats: int) -> dict:
     """vLLM's add_lora steps without vLLM (a device without its wheels): read a Qwen3-1.7B-shaped LoRA r64's
     392 fp32 tensors from safetensors, copy each into pinned memory, scale each lora_b there and copy it to the
     GPU, `repeats` times alone and `repeats` times beside the busy process, at each torch thread count. Without a
     GPU the same steps run on the CPU (no pinning; the busy process holds one core)."""
-    import subprocess
-
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -128,15 +142,8 @@ def replay(threads: list[int], repeats: int) -> dict:
     for n in [default, *threads]:
         torch.set_num_threads(n)
         alone = [load() for _ in range(repeats)]
-        worker = subprocess.Popen([sys.executable, __file__, "--contend-worker", "600"], stdout=subprocess.PIPE,
-                                  text=True)
-        try:
-            if worker.stdout.readline().strip() != "ready":
-                raise RuntimeError("the contending process did not start")
+        with busy_process():
             busy = [load() for _ in range(repeats)]
-        finally:
-            worker.kill()
-            worker.wait()
         out[str(n)] = {"alone_s": [round(t, 4) for t in alone], "contended_s": [round(t, 4) for t in busy],
                        "median_alone_s": round(statistics.median(alone), 4),
                        "median_contended_s": round(statistics.median(busy), 4)}
@@ -150,35 +157,29 @@ def replay(threads: list[int], repeats: int) -> dict:
 def load_contended(engine, requests: list, top: int, threads: int | None = None) -> dict:
     """add_lora of each request while a second process keeps the GPU busy, with `threads` torch CPU threads
     (None: as they are); the last one profiled."""
-    import subprocess
-
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
-    worker = subprocess.Popen([sys.executable, __file__, "--contend-worker", "600"], stdout=subprocess.PIPE, text=True)
     try:
-        if worker.stdout.readline().strip() != "ready":
-            raise RuntimeError("the contending process did not start")
-        times = []
-        for i, request in enumerate(requests):
-            last = i == len(requests) - 1
-            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if last else None
-            if prof:
-                prof.__enter__()
-            t0 = time.perf_counter()
-            engine.add_lora(request)
-            returned = time.perf_counter() - t0
-            torch.cuda.synchronize()
-            times.append((returned, time.perf_counter() - t0))
-            if prof:
-                prof.__exit__(None, None, None)
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+        with busy_process():
+            times = []
+            for i, request in enumerate(requests):
+                last = i == len(requests) - 1
+                prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) if last else None
+                if prof:
+                    prof.__enter__()
+                t0 = time.perf_counter()
+                engine.add_lora(request)
+                returned = time.perf_counter() - t0
+                torch.cuda.synchronize()
+                times.append((returned, time.perf_counter() - t0))
+                if prof:
+                    prof.__exit__(None, None, None)
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
     finally:
-        worker.kill()
-        worker.wait()
         torch.set_num_threads(before)
     print(table, flush=True)
     return {"torch_threads": threads or before, "returned_s": [round(r, 4) for r, _ in times],
@@ -204,10 +205,7 @@ def main() -> int:
         contend(args.contend_worker)
         return 0
     if args.replay:
-        figures = replay(args.threads, args.replay)
-        if args.json:
-            Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
-        return 0
+        return save(replay(args.threads, args.replay), args.json)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     import torch
@@ -262,9 +260,13 @@ def main() -> int:
                 print(f"{name} while the GPU is busy, {threads} torch thread(s): median "
                       f"{got['median_returned_s']:.3f} s", flush=True)
     figures = {"device": torch.cuda.get_device_name(), "results": results}
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
     print(json.dumps(figures))
+    return save(figures, args.json)
+
+
+def save(figures: dict, path: str | None) -> int:
+    if path:
+        Path(path).write_text(json.dumps(figures, indent=1) + "\n")
     return 0
 
 

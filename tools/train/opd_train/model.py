@@ -244,7 +244,8 @@ class Student:
         chunk = {**tok, **extra, "num_tokens": num_tokens, "beta": beta}
         out = call_loss(self.objective.call, logits_NV, chunk, self.config)
         for name, call in self.objective.metrics:
-            out.metrics[name] = call_loss(call, logits_NV, chunk, self.config)
+            value = call_loss(call, logits_NV, chunk, self.config)
+            out.metrics.update(value if isinstance(value, dict) else {name: value})
         return out
 
 
