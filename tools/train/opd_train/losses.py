@@ -241,7 +241,7 @@ def sampled_ratio(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_lo
                   num_tokens: int) -> torch.Tensor:
     """sum_t exp(log p_S(y_t) - log p_behaviour(y_t)) / #tokens at temperature 1 (no gradient): the importance
     ratio a loss without one (fkl) reports, so a loop at --max-lag >= 1 shows how far the sampler lagged."""
-    return _ratio(_sampled_log_ratio(logits_NV, targets_N, behaviour_logp_N), num_tokens)
+    return torch.exp(_sampled_log_ratio(logits_NV, targets_N, behaviour_logp_N)).sum() / num_tokens
 
 
 def sampled_drift(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
@@ -251,21 +251,7 @@ def sampled_drift(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_lo
     only where the two agree, so it grows with the sampler's lag (and floors at the sampler-vs-trainer numerics
     gap) where the mean ratio does not: over tokens drawn from the behaviour policy itself, the mean of r_t is
     sum_y p_S(y) = 1 whatever the lag."""
-    return _drift(_sampled_log_ratio(logits_NV, targets_N, behaviour_logp_N), num_tokens)
-
-
-def sampled_ratio_and_drift(logits_NV: torch.Tensor, targets_N: torch.Tensor, behaviour_logp_N: torch.Tensor,
-                            num_tokens: int) -> dict[str, torch.Tensor]:
-    """{"ratio": sampled_ratio, "drift": sampled_drift} from one log-softmax of the chunk (fkl reports both)."""
     log_r_N = _sampled_log_ratio(logits_NV, targets_N, behaviour_logp_N)
-    return {"ratio": _ratio(log_r_N, num_tokens), "drift": _drift(log_r_N, num_tokens)}
-
-
-def _ratio(log_r_N: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    return torch.exp(log_r_N).sum() / num_tokens
-
-
-def _drift(log_r_N: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return (torch.exp(log_r_N) - 1.0 - log_r_N).sum() / num_tokens
 
 

@@ -244,8 +244,7 @@ class Student:
         chunk = {**tok, **extra, "num_tokens": num_tokens, "beta": beta}
         out = call_loss(self.objective.call, logits_NV, chunk, self.config)
         for name, call in self.objective.metrics:
-            value = call_loss(call, logits_NV, chunk, self.config)
-            out.metrics.update(value if isinstance(value, dict) else {name: value})
+            out.metrics[name] = call_loss(call, logits_NV, chunk, self.config)
         return out
 
 

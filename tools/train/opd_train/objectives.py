@@ -64,8 +64,7 @@ class Objective:
     build: Callable[[Objective, Any, dict, Where, Any, Any], None]  # (self, example, rec, where, config, render)
     call: Call
     hint: str = ""  # the fix told when a record lacks a block it reads (a teacher block: teacher_block's)
-    metrics: tuple[tuple[str, Call], ...] = ()  # more metrics: name -> call, added to the loss's (a call that
-    # returns a dict adds its entries: metrics that share one pass over the logits)
+    metrics: tuple[tuple[str, Call], ...] = ()  # more metrics: name -> call, added to the loss's
     compact: str | None = None  # chunk key of the ids ([N] or [N, K]) at which the loss reads the logits
     temperature: Callable[[Any], float] = _one  # of the softmax the loss takes of the logits
     reference: Callable[[Any], bool] = _never  # needs ref_logp: log p_ref(y_t) of the base weights
@@ -218,7 +217,7 @@ _RL = dict(reads=("logprobs", "reward.total", "reward.correct"), build=_build_rl
            hint="score with opd-score --reward math", compact="targets_N", reference=lambda c: bool(c.kl_coef),
            group_advantages=True)
 
-_RATIO = (("ratio, drift", Call("sampled_ratio_and_drift", ("targets_N", "behaviour_logp", "num_tokens"))),)
+_RATIO = (("ratio", Call("sampled_ratio", ("targets_N", "behaviour_logp", "num_tokens"))), *_DRIFT)
 _FKL_SELF = Objective(
     "fkl", reads=("logprobs", "example"), build=_build_fkl_self, self_teacher=True,
     call=Call("fkl_full", ("teacher_logits", "num_tokens"),
